@@ -1,0 +1,507 @@
+"""Tokenizers for gpt: a character-level one and a GPT-2 style byte-level BPE.
+
+Both share one interface (`Tokenizer`): `encode(s, allowed_special=())`, `decode(ids)`,
+`vocab_size`, `eot_token_id`, `to_dict()` for embedding in checkpoints and `save(dir)`.
+
+Special tokens (only `<|endoftext|>` is used by gpt) follow tiktoken's `encode_ordinary` rule:
+by default the literal text "<|endoftext|>" in the input is ordinary text and encodes as the
+characters or bytes it is made of, so a prompt can never smuggle in a document boundary.
+Pass `allowed_special={"<|endoftext|>"}` (or "all") to turn the literal into the special id.
+`decode` of the special id gives the literal text back, so with `allowed_special="all"` the
+round trip `decode(encode(s)) == s` holds either way.
+
+The BPE tokenizer reads and writes GPT-2's `vocab.json` + `merges.txt` pair, so a real GPT-2
+tokenizer directory (50257 tokens, `<|endoftext|>` = 50256) loads unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import os
+import re
+import unicodedata
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+EOT = "<|endoftext|>"
+UNK = "<|unk|>"
+
+# Unicode's White_Space property. Python's `\s` also matches U+001C..U+001F (ASCII record
+# separators), which GPT-2's `regex`-based pattern treats as punctuation, so we spell it out.
+_WHITE_SPACE = [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | memoryview) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never half of one.
+
+    Writes a temporary file next to `path`, flushes and fsyncs it, then renames it over `path`.
+    `str` is written as UTF-8; any buffer (bytes, memoryview, a contiguous ndarray) is written raw.
+    """
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class Tokenizer:
+    """What gpt needs from a tokenizer. Subclasses implement `encode_ordinary` and `decode`."""
+
+    kind: str = ""
+    special_tokens: dict[str, int]
+
+    def encode_ordinary(self, s: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def save(self, directory: str | os.PathLike) -> None:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def eot_token_id(self) -> int:
+        """Id of `<|endoftext|>`, the separator between packed documents."""
+        if EOT not in self.special_tokens:
+            raise ValueError(f"this {self.kind} tokenizer has no {EOT} token")
+        return self.special_tokens[EOT]
+
+    def encode(self, s: str, allowed_special: str | Iterable[str] = ()) -> list[int]:
+        """Token ids of `s`. Literal special-token text becomes the special id only if allowed.
+
+        `allowed_special` is "all" or a collection of special-token strings; the default treats
+        every special token's text as ordinary text.
+        """
+        if allowed_special == "all":
+            allowed = self.special_tokens
+        else:
+            allowed = {}
+            for tok in allowed_special:
+                if tok not in self.special_tokens:
+                    raise ValueError(f"{tok!r} is not a special token of this tokenizer")
+                allowed[tok] = self.special_tokens[tok]
+        if not allowed:
+            return self.encode_ordinary(s)
+        # Longest first so that one special token that is a prefix of another never wins.
+        alternatives = "|".join(re.escape(t) for t in sorted(allowed, key=len, reverse=True))
+        ids: list[int] = []
+        # With a capturing group, re.split puts the matched specials at the odd positions.
+        for i, part in enumerate(re.split(f"({alternatives})", s)):
+            if i % 2:
+                ids.append(allowed[part])
+            elif part:
+                ids.extend(self.encode_ordinary(part))
+        return ids
+
+
+def _check_ids(ids: Sequence[int], table: Sequence) -> None:
+    if len(ids) and (min(ids) < 0 or max(ids) >= len(table)):
+        bad = next(i for i in ids if not 0 <= i < len(table))
+        raise ValueError(f"token id {bad} is outside the vocabulary (size {len(table)})")
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character of the training corpus.
+
+    Ids: 0 = `<|unk|>` (any character not seen in training; it decodes to U+FFFD, the Unicode
+    replacement character), 1 = `<|endoftext|>` (decodes to the literal text "<|endoftext|>"),
+    and from 2 on the corpus characters in sorted (code point) order.
+    """
+
+    kind = "char"
+    unk_token_id = 0
+
+    def __init__(self, chars: Iterable[str]):
+        chars = sorted(set(chars))
+        if any(len(c) != 1 for c in chars):
+            raise ValueError("a CharTokenizer vocabulary holds single characters only")
+        self.chars = chars
+        self.special_tokens = {EOT: 1}
+        self._stoi = {c: i for i, c in enumerate(chars, start=2)}
+        self._itos = ["\ufffd", EOT, *chars]
+
+    @classmethod
+    def train(cls, texts: str | Iterable[str]) -> CharTokenizer:
+        """Vocabulary = every character that occurs in `texts` (one string or several)."""
+        seen: set[str] = set()
+        for text in [texts] if isinstance(texts, str) else texts:
+            seen.update(text)
+        return cls(seen)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._itos)
+
+    def encode_ordinary(self, s: str) -> list[int]:
+        get = self._stoi.get
+        return [get(c, 0) for c in s]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = list(ids)
+        _check_ids(ids, self._itos)
+        itos = self._itos
+        return "".join([itos[i] for i in ids])
+
+    def to_dict(self) -> dict:
+        return {"type": "char", "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CharTokenizer:
+        if d.get("type") != "char":
+            raise ValueError(f"not a char tokenizer dict (type={d.get('type')!r})")
+        return cls(d["chars"])
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write `tokenizer.json` into `directory` (created if missing)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        # ensure_ascii keeps any odd character (even a lone surrogate) representable in JSON.
+        atomic_write(directory / "tokenizer.json", json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> CharTokenizer:
+        return cls.from_dict(json.loads(Path(directory, "tokenizer.json").read_text("utf-8")))
+
+
+# --------------------------------------------------------------------------- byte-level BPE
+
+
+@functools.cache
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character, in GPT-2's id order.
+
+    Printable Latin-1 bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for themselves; the other 68
+    (control characters, space, DEL, NBSP, soft hyphen) are moved to U+0100 onwards, so the
+    space byte becomes 'Ġ' and newline 'Ċ'. Iteration order = the first 256 ids of GPT-2.
+    """
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    kept = set(keep)
+    moved = [b for b in range(256) if b not in kept]
+    table = {b: chr(b) for b in keep}
+    table.update({b: chr(0x100 + i) for i, b in enumerate(moved)})
+    return table
+
+
+def _class_body(codepoints: list[int]) -> str:
+    """Character-class text for sorted code points, as `\\Uxxxxxxxx-\\Uyyyyyyyy` runs."""
+    runs = []
+    start = prev = codepoints[0]
+    for cp in [*codepoints[1:], -1]:
+        if cp != prev + 1:
+            runs.append(f"\\U{start:08x}" + ("" if start == prev else f"-\\U{prev:08x}"))
+            start = cp
+        prev = cp
+    return "".join(runs)
+
+
+@functools.cache
+def gpt2_split_pattern() -> re.Pattern[str]:
+    """GPT-2's pre-tokenizer regex, rebuilt for the standard `re` module.
+
+    GPT-2 splits text into contractions ('s 't 're 've 'm 'll 'd), runs of letters, runs of
+    numbers and runs of other symbols (each with one optional leading space), and whitespace.
+    It uses the `regex` package for \\p{L} and \\p{N}; here those classes are enumerated from
+    `unicodedata` once (~0.3 s, on first use), and whitespace is Unicode's White_Space set.
+    The only difference from GPT-2 is the Unicode version: characters assigned after the
+    version Python's `unicodedata` knows (14.0 for Python 3.11) count as "other".
+    """
+    letters, numbers = [], []
+    for cp, cat in enumerate(map(unicodedata.category, map(chr, range(0x110000)))):
+        if cat[0] == "L":
+            letters.append(cp)
+        elif cat[0] == "N":
+            numbers.append(cp)
+    L, N, S = _class_body(letters), _class_body(numbers), _class_body(_WHITE_SPACE)
+    return re.compile(
+        r"'s|'t|'re|'ve|'m|'ll|'d"
+        rf"| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+"
+        rf"|[{S}]+(?![^{S}])|[{S}]+"
+    )
+
+
+def _learn_merges(
+    word_counts: dict[str, int], n_tokens: int
+) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """BPE training: merge the most frequent adjacent pair until there are `n_tokens` tokens.
+
+    Works on unique pre-tokens with their counts, keeps a count per pair and, per pair, the
+    words it occurs in, so a merge only revisits those words. A max-heap of (count, pair) with
+    lazy deletion finds the best pair; ties go to the smallest (left id, right id).
+    Returns each token's bytes (ids 0..255 are the bytes in GPT-2 order) and the merges in order.
+    """
+    order = list(byte_to_unicode())
+    token_bytes = [bytes([b]) for b in order]
+    byte_id = {b: i for i, b in enumerate(order)}
+    token_of_bytes = {t: i for i, t in enumerate(token_bytes)}
+
+    words = [[byte_id[b] for b in w.encode("utf-8", "surrogatepass")] for w in word_counts]
+    freqs = list(word_counts.values())
+    pair_count: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for wi, (w, f) in enumerate(zip(words, freqs)):
+        for p in zip(w, w[1:]):
+            pair_count[p] += f
+            where[p].add(wi)
+    heap = [(-c, p) for p, c in pair_count.items()]
+    heapq.heapify(heap)
+
+    merges: list[tuple[int, int]] = []
+    done: set[tuple[int, int]] = set()
+    while len(token_bytes) < n_tokens and heap:
+        neg, pair = heapq.heappop(heap)
+        if pair_count.get(pair, 0) != -neg:
+            continue  # stale entry: the pair's count changed and was pushed again
+        a, b = pair
+        new_bytes = token_bytes[a] + token_bytes[b]
+        # Two different splits can spell the same bytes ("ab"+"c", "a"+"bc"): reuse the token.
+        new = token_of_bytes.get(new_bytes)
+        if new is None:
+            new = token_of_bytes[new_bytes] = len(token_bytes)
+            token_bytes.append(new_bytes)
+        if pair not in done:
+            done.add(pair)
+            merges.append(pair)
+
+        delta: dict[tuple[int, int], int] = defaultdict(int)
+        for wi in where.pop(pair):
+            w = words[wi]
+            merged, i, n = [], 0, len(w)
+            while i < n:
+                if i + 1 < n and w[i] == a and w[i + 1] == b:
+                    merged.append(new)
+                    i += 2
+                else:
+                    merged.append(w[i])
+                    i += 1
+            if len(merged) == n:
+                continue  # the index is lazy: this word lost the pair in an earlier merge
+            f = freqs[wi]
+            for p in zip(w, w[1:]):
+                delta[p] -= f
+            for p in zip(merged, merged[1:]):
+                delta[p] += f
+                where[p].add(wi)
+            words[wi] = merged
+        for p, d in delta.items():
+            if d:
+                c = pair_count[p] + d
+                if c > 0:
+                    pair_count[p] = c
+                    heapq.heappush(heap, (-c, p))
+                else:
+                    del pair_count[p]
+    return token_bytes, merges
+
+
+_NO_MERGE = (float("inf"), -1)
+_CACHE_LIMIT = 200_000
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE in GPT-2's format.
+
+    Text is split by `gpt2_split_pattern`, each piece is UTF-8 encoded and its bytes are merged
+    by rank (lowest first) as in GPT-2. Tokens are held as bytes; `vocab`'s keys spell them with
+    `byte_to_unicode`. A vocab entry that is neither a byte nor made by a merge is a special
+    token (`<|endoftext|>` in GPT-2), whose bytes are its literal UTF-8 text. Strings with lone
+    surrogates (not valid Unicode) still encode, via their 'surrogatepass' bytes; decoding uses
+    errors='replace', so those and any id sequence that cuts a character in half give U+FFFD.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]):
+        if len(set(vocab.values())) != len(vocab):
+            raise ValueError("vocab maps two tokens to the same id")
+        b2u = byte_to_unicode()
+        u2b = {u: b for b, u in b2u.items()}
+        self._byte_ids = [0] * 256
+        for b, u in b2u.items():
+            if u not in vocab:
+                raise ValueError(f"vocab lacks the token for byte {b} ({u!r})")
+            self._byte_ids[b] = vocab[u]
+        self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
+        made = set(b2u.values())
+        for rank, (a, b) in enumerate(merges):
+            missing = [t for t in (a, b, a + b) if t not in vocab]
+            if missing:
+                raise ValueError(f"merge {rank} ({a} {b}) needs {missing[0]!r}, not in vocab")
+            # A repeated merge keeps its first (highest priority) rank, as GPT-2's dict does.
+            self._ranks.setdefault((vocab[a], vocab[b]), (rank, vocab[a + b]))
+            made.add(a + b)
+        self.vocab = dict(vocab)
+        self.merges = [(a, b) for a, b in merges]
+        self.special_tokens = {t: i for t, i in vocab.items() if t not in made}
+        self._id_bytes: list[bytes | None] = [None] * (max(vocab.values()) + 1)
+        for t, i in vocab.items():
+            special = t in self.special_tokens
+            self._id_bytes[i] = t.encode("utf-8") if special else bytes(u2b[c] for c in t)
+        self._pattern = gpt2_split_pattern()
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Sequence[str] = (EOT,),
+    ) -> BPETokenizer:
+        """Learn merges on `texts` until the vocabulary, specials included, has `vocab_size` ids.
+
+        Ids: 0..255 the bytes (GPT-2 order), then one per merge, then the special tokens (so
+        `<|endoftext|>` is the last id, as 50256 is in GPT-2). Special-token text in `texts` is
+        a boundary and is not learned from. If the text runs out of pairs first, the vocabulary
+        is smaller than asked for.
+        """
+        n_tokens = vocab_size - len(special_tokens)
+        if n_tokens < 256:
+            raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
+        pattern = gpt2_split_pattern()
+        splitter = re.compile("|".join(map(re.escape, special_tokens))) if special_tokens else None
+        counts: Counter[str] = Counter()
+        for text in [texts] if isinstance(texts, str) else texts:
+            for chunk in splitter.split(text) if splitter else [text]:
+                counts.update(pattern.findall(chunk))
+        token_bytes, merge_ids = _learn_merges(counts, n_tokens)
+
+        b2u = byte_to_unicode()
+        names = ["".join(b2u[b] for b in t) for t in token_bytes]
+        vocab = {name: i for i, name in enumerate(names)}
+        for tok in special_tokens:
+            vocab[tok] = len(vocab)
+        return cls(vocab, [(names[a], names[b]) for a, b in merge_ids])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._id_bytes)
+
+    def _bpe(self, piece: str) -> list[int]:
+        ids = [self._byte_ids[b] for b in piece.encode("utf-8", "surrogatepass")]
+        ranks = self._ranks
+        while len(ids) > 1:
+            pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, _NO_MERGE))
+            hit = ranks.get(pair)
+            if hit is None:
+                break
+            a, b = pair
+            new = hit[1]
+            merged, i, n = [], 0, len(ids)
+            while i < n:
+                if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+                    merged.append(new)
+                    i += 2
+                else:
+                    merged.append(ids[i])
+                    i += 1
+            ids = merged
+        return ids
+
+    def encode_ordinary(self, s: str) -> list[int]:
+        out: list[int] = []
+        cache = self._cache
+        for piece in self._pattern.findall(s):
+            ids = cache.get(piece)
+            if ids is None:
+                ids = self._bpe(piece)
+                if len(cache) < _CACHE_LIMIT:
+                    cache[piece] = ids
+            out.extend(ids)
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = list(ids)
+        _check_ids(ids, self._id_bytes)
+        table = self._id_bytes
+        parts = [table[i] for i in ids]
+        if None in parts:
+            raise ValueError(f"token id {ids[parts.index(None)]} is not in the vocabulary")
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict:
+        """JSON-able dict: the vocab (token -> id) and the merges as "a b" lines."""
+        return {"type": "bpe", "vocab": self.vocab, "merges": [f"{a} {b}" for a, b in self.merges]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BPETokenizer:
+        if d.get("type") != "bpe":
+            raise ValueError(f"not a bpe tokenizer dict (type={d.get('type')!r})")
+        return cls(d["vocab"], [_split_merge(m) for m in d["merges"]])
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write GPT-2's `vocab.json` (token -> id) and `merges.txt` into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        vocab = dict(sorted(self.vocab.items(), key=lambda kv: kv[1]))
+        atomic_write(directory / "vocab.json", json.dumps(vocab, ensure_ascii=False) + "\n")
+        lines = ["#version: 0.2", *(f"{a} {b}" for a, b in self.merges)]
+        atomic_write(directory / "merges.txt", "\n".join(lines) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> BPETokenizer:
+        """Read `vocab.json` + `merges.txt` (ours or a real GPT-2 tokenizer directory)."""
+        directory = Path(directory)
+        vocab = json.loads((directory / "vocab.json").read_text("utf-8"))
+        # Split on "\n" only: str.splitlines would also break on U+0085 and friends.
+        lines = (directory / "merges.txt").read_text("utf-8").split("\n")
+        merges = [
+            _split_merge(line.rstrip("\r"))
+            for line in lines
+            if line.strip() and not line.startswith("#version")
+        ]
+        return cls(vocab, merges)
+
+
+def _split_merge(line: str) -> tuple[str, str]:
+    # Byte-level tokens never hold a real space (the space byte is spelled 'Ġ').
+    parts = line.split(" ")
+    if len(parts) != 2:
+        raise ValueError(f"bad merge line {line!r}: expected two tokens separated by one space")
+    return parts[0], parts[1]
+
+
+_TYPES: dict[str, type[CharTokenizer] | type[BPETokenizer]] = {
+    "char": CharTokenizer,
+    "bpe": BPETokenizer,
+}
+
+
+def tokenizer_from_dict(d: dict) -> Tokenizer:
+    """Rebuild a tokenizer from its `to_dict()` form, dispatching on d['type'] ('char'|'bpe')."""
+    kind = d.get("type")
+    if kind not in _TYPES:
+        raise ValueError(f"unknown tokenizer type {kind!r}; expected one of {sorted(_TYPES)}")
+    return _TYPES[kind].from_dict(d)
+
+
+load_tokenizer = tokenizer_from_dict  # the name some callers use
+
+
+def load_tokenizer_dir(path: str | os.PathLike) -> Tokenizer:
+    """Load the tokenizer saved in `path`: `tokenizer.json` (char) or `vocab.json`+`merges.txt`."""
+    path = Path(path)
+    if (path / "tokenizer.json").is_file():
+        return tokenizer_from_dict(json.loads((path / "tokenizer.json").read_text("utf-8")))
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return BPETokenizer.load(path)
+    raise FileNotFoundError(
+        f"no tokenizer in {path}: expected tokenizer.json (char) or vocab.json + merges.txt (bpe)"
+    )

@@ -1,0 +1,399 @@
+"""Neural-network functions (``import tensorgrad.functional as F``), each one fused op.
+
+Every function here is a single recorded Function with a hand-written backward,
+so a GPT step runs a few large array passes instead of a chain of small ones.
+Each has a composed twin built from primitive ops in the tests, and the two are
+checked against each other and against float64 finite differences.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .autograd import Function, unbroadcast
+from .backend import get_array_module, rng
+from .ops.linalg import Linear
+from .tensor import Tensor, as_array
+
+# ----------------------------------------------------------------------------- softmax family
+
+
+class Softmax(Function):
+    def forward(self, x, dim=-1):
+        xp = get_array_module(x)
+        self.dim = dim
+        y = x - x.max(axis=dim, keepdims=True)
+        xp.exp(y, out=y)
+        y /= y.sum(axis=dim, keepdims=True)
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        (y,) = self.saved
+        gx = g * y
+        gx -= y * gx.sum(axis=self.dim, keepdims=True)
+        return gx
+
+
+class LogSoftmax(Function):
+    def forward(self, x, dim=-1):
+        xp = get_array_module(x)
+        self.dim = dim
+        y = x - x.max(axis=dim, keepdims=True)
+        y -= xp.log(xp.exp(y).sum(axis=dim, keepdims=True))
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        (y,) = self.saved
+        xp = get_array_module(g)
+        return g - xp.exp(y) * g.sum(axis=self.dim, keepdims=True)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along ``dim``; finite for any finite input.
+
+    A row that is entirely -inf has no defined softmax and gives NaN, as in PyTorch.
+    """
+    return Softmax.apply(x, dim=dim)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """x - logsumexp(x) along ``dim`` (max-shifted, so ±1e4 logits stay finite)."""
+    return LogSoftmax.apply(x, dim=dim)
+
+
+class CrossEntropy(Function):
+    """Softmax + negative log-likelihood over the last axis of (N, C) logits."""
+
+    def forward(self, x, target, ignore_index=-100, reduction="mean"):
+        xp = get_array_module(x)
+        n, c = x.shape
+        valid = target != ignore_index
+        t = xp.where(valid, target, 0)
+        if t.size and (int(t.min()) < 0 or int(t.max()) >= c):
+            bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+            raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
+        rows = xp.arange(n)
+        m = x.max(axis=1, keepdims=True)
+        p = x - m
+        xp.exp(p, out=p)
+        s = p.sum(axis=1, keepdims=True)
+        p /= s
+        logp = x[rows, t] - m[:, 0] - xp.log(s[:, 0])
+        losses = xp.where(valid, -logp, xp.zeros((), x.dtype))
+        self.reduction = reduction
+        self.save(p)
+        self.t, self.valid, self.rows = t, valid, rows
+        if reduction == "none":
+            return losses
+        if reduction == "sum":
+            return losses.sum()
+        self.count = valid.sum()
+        return losses.sum() / self.count.astype(x.dtype)
+
+    def backward(self, g):
+        (p,) = self.saved
+        coef = self.valid.astype(p.dtype)
+        if self.reduction == "mean":
+            coef *= g / self.count.astype(p.dtype)
+        else:
+            coef *= g
+        gx = p * coef[:, None]
+        gx[self.rows, self.t] -= coef
+        return gx
+
+
+def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean"):
+    """Cross-entropy of ``logits`` (N, C) against class ids ``target`` (N,), fused.
+
+    Positions whose target equals ``ignore_index`` contribute nothing; 'mean' divides
+    by the number of the others (NaN when every target is ignored, as in PyTorch).
+    Logits of shape (N, C, d1, ...) take targets (N, d1, ...), with classes on dim 1.
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    t = as_array(target)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold integer class ids, got {t.dtype}")
+    x = logits
+    if x.ndim == 1:
+        x, t = x.unsqueeze(0), t.reshape(1)
+    elif x.ndim > 2:
+        x = x.movedim(1, -1).reshape(-1, x.shape[1])
+        t = t.reshape(-1)
+    if t.shape != (x.shape[0],):
+        raise ValueError(
+            f"cross_entropy: target shape {tuple(as_array(target).shape)} does not match logits "
+            f"shape {tuple(logits.shape)}"
+        )
+    out = CrossEntropy.apply(x, t, ignore_index=ignore_index, reduction=reduction)
+    if reduction == "none":
+        if logits.ndim == 1:
+            return out.reshape(())
+        if logits.ndim > 2:
+            return out.reshape(as_array(target).shape)
+    return out
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+class LayerNorm(Function):
+    def forward(self, x, w, b, nd=1, eps=1e-5):
+        xp = get_array_module(x)
+        axes = tuple(range(x.ndim - nd, x.ndim))
+        xc = x - x.mean(axis=axes, keepdims=True)
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        rstd = 1 / xp.sqrt(var + x.dtype.type(eps))
+        xc *= rstd  # xc is now x-hat
+        y = xc * w if w is not None else xc.copy()
+        if b is not None:
+            y += b
+        self.axes, self.lead = axes, tuple(range(x.ndim - nd))
+        self.save(xc, rstd, w)
+        self.has_w, self.has_b = w is not None, b is not None
+        return y
+
+    def backward(self, g):
+        xhat, rstd, w = self.saved
+        gw = (g * xhat).sum(axis=self.lead) if self.has_w else None
+        gb = g.sum(axis=self.lead) if self.has_b else None
+        gxh = g * w if self.has_w else g
+        gx = gxh - gxh.mean(axis=self.axes, keepdims=True)
+        gx -= xhat * (gxh * xhat).mean(axis=self.axes, keepdims=True)
+        gx *= rstd
+        return gx, gw, gb
+
+
+def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape`` dims
+    (biased variance, as PyTorch)."""
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[x.ndim - len(ns) :]) != ns:
+        raise ValueError(
+            f"layer_norm: normalized_shape {ns} does not match the input's trailing dims "
+            f"{tuple(x.shape)}"
+        )
+    return LayerNorm.apply(x, weight, bias, nd=len(ns), eps=eps)
+
+
+# ----------------------------------------------------------------------------- activations
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_C = 0.044715
+
+
+def erf(xp, x):
+    """Error function to ~1.2e-7 relative error (NumPy has none; CuPy's is used on GPU).
+
+    Uses the Chebyshev-fitted erfc of Numerical Recipes (2nd ed., section 6.2).
+    """
+    special = getattr(xp, "_tg_erf", None)
+    if special is not None:
+        return special(x)
+    z = xp.abs(x)
+    t = 1 / (1 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * xp.exp(poly)
+    return xp.where(x >= 0, 1 - erfc, erfc - 1).astype(x.dtype, copy=False)
+
+
+class Gelu(Function):
+    def forward(self, x, approximate="tanh"):
+        xp = get_array_module(x)
+        self.approximate = approximate
+        if approximate == "tanh":
+            # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+            u = x * x
+            u *= _GELU_C
+            u += 1
+            u *= x
+            u *= _SQRT_2_OVER_PI
+            xp.tanh(u, out=u)
+            self.save(x, u)
+            y = u + 1
+            y *= x
+            y *= 0.5
+            return y
+        cdf = 0.5 * (1 + erf(xp, x * (1 / math.sqrt(2.0))))
+        self.save(x, cdf)
+        return x * cdf
+
+    def backward(self, g):
+        x, a = self.saved
+        xp = get_array_module(x)
+        if self.approximate == "tanh":
+            # d/dx = 0.5(1+t) + 0.5·x·(1-t²)·√(2/π)·(1 + 3·0.044715·x²)
+            inner = x * x
+            inner *= 3 * _GELU_C
+            inner += 1
+            inner *= x
+            inner *= 0.5 * _SQRT_2_OVER_PI
+            inner *= 1 - a * a
+            inner += 0.5 * (1 + a)
+            inner *= g
+            return inner
+        # d/dx x·Φ(x) = Φ(x) + x·φ(x)
+        pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+        return g * (a + x * pdf)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU: exact x·Φ(x) ('none') or the tanh approximation used by GPT-2 ('tanh')."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return Gelu.apply(x, approximate=approximate)
+
+
+def relu(x: Tensor) -> Tensor:
+    return x.relu()
+
+
+class Dropout(Function):
+    def forward(self, x, p=0.5):
+        xp = get_array_module(x)
+        from .backend import device_of
+
+        keep = rng(device_of(x)).random(x.shape, dtype=x.dtype) >= p
+        self.mask = keep.astype(x.dtype) * x.dtype.type(1 / (1 - p))
+        return x * self.mask
+
+    def backward(self, g):
+        return g * self.mask
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p) (when training)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0.0
+    return Dropout.apply(x, p=p)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias with weight of shape (out, in), as one 2-D GEMM over all rows."""
+    return Linear.apply(x, weight, bias)
+
+
+class Embedding(Function):
+    def forward(self, w, idx):
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= w.shape[0]):
+            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+            raise IndexError(f"embedding: index {bad} is out of range for {w.shape[0]} rows")
+        self.idx, self.wshape = idx, w.shape
+        return w[idx]
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        gw = xp.zeros(self.wshape, dtype=g.dtype)
+        idx = self.idx.reshape(-1)
+        g2 = g.reshape(-1, self.wshape[1])
+        if hasattr(xp.add, "reduceat") and idx.size:
+            # sort rows by index and sum runs: much faster than add.at on CPU
+            order = xp.argsort(idx, kind="stable")
+            sidx = idx[order]
+            starts = xp.flatnonzero(xp.concatenate(([True], sidx[1:] != sidx[:-1])))
+            gw[sidx[starts]] = xp.add.reduceat(g2[order], starts, axis=0)
+        else:
+            xp.add.at(gw, idx, g2)
+        return gw, None
+
+
+def embedding(idx, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` picked by integer ``idx``; repeated ids add up in the gradient."""
+    idx = as_array(idx)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
+    return Embedding.apply(weight, idx)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def causal_mask(xp, L: int, S: int):
+    """Boolean (L, S) mask, True where query i may attend key j.
+
+    Aligned to the bottom right (query i sits at position S - L + i), which is the
+    top-left tril when L == S and the right mask for a query block after a KV cache.
+    """
+    return xp.tril(xp.ones((L, S), dtype=bool), k=S - L)
+
+
+class Attention(Function):
+    """softmax(q·kᵀ·scale + mask)·v with its own backward (scores are kept, not re-derived)."""
+
+    def forward(self, q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
+        xp = get_array_module(q, k, v)
+        L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+        if k.shape[-1] != E or v.shape[-2] != S:
+            raise ValueError(
+                f"scaled_dot_product_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and "
+                f"v {tuple(v.shape)} do not line up"
+            )
+        self.scale = q.dtype.type(1 / math.sqrt(E) if scale is None else scale)
+        s = q @ k.swapaxes(-1, -2)
+        s *= self.scale
+        allowed = causal_mask(xp, L, S) if is_causal else None
+        if mask is not None:
+            if mask.dtype == bool:
+                allowed = mask if allowed is None else (allowed & mask)
+            else:
+                s += mask
+        if allowed is not None:
+            xp.copyto(s, q.dtype.type(-xp.inf), where=~allowed)
+        m = s.max(axis=-1, keepdims=True)
+        # a query with every key masked gets zero output (not NaN)
+        m = xp.where(xp.isfinite(m), m, q.dtype.type(0))
+        s -= m
+        xp.exp(s, out=s)
+        den = s.sum(axis=-1, keepdims=True)
+        den[den == 0] = 1
+        s /= den
+        self.drop = None
+        if dropout_p > 0.0:
+            from .backend import device_of
+
+            keep = rng(device_of(q)).random(s.shape, dtype=s.dtype) >= dropout_p
+            self.drop = keep.astype(s.dtype) * s.dtype.type(1 / (1 - dropout_p))
+        self.save(q, k, v, s)
+        self.shapes = (q.shape, k.shape, v.shape)
+        return (s * self.drop if self.drop is not None else s) @ v
+
+    def backward(self, g):
+        q, k, v, p = self.saved
+        pd = p * self.drop if self.drop is not None else p
+        gv = pd.swapaxes(-1, -2) @ g
+        gp = g @ v.swapaxes(-1, -2)
+        if self.drop is not None:
+            gp *= self.drop
+        # softmax backward, in place: gs = p * (gp - sum(gp * p))
+        gp -= (gp * p).sum(axis=-1, keepdims=True)
+        gp *= p
+        gp *= self.scale
+        gq = gp @ k
+        gk = gp.swapaxes(-1, -2) @ q
+        sq, sk, sv = self.shapes
+        return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask=None, dropout_p: float = 0.0,
+    is_causal: bool = False, scale: float | None = None,
+) -> Tensor:
+    """Attention over (..., L, E) queries and (..., S, E) keys/values as one fused op.
+
+    ``attn_mask`` is boolean (True = may attend, as PyTorch) or additive float, and
+    broadcasts to (..., L, S). ``is_causal`` masks future keys (bottom-right aligned when
+    L != S). Queries whose keys are all masked output zeros.
+    """
+    m = None if attn_mask is None else as_array(attn_mask)
+    return Attention.apply(q, k, v, m, dropout_p=dropout_p, is_causal=is_causal, scale=scale)

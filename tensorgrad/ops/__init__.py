@@ -1,0 +1,1 @@
+"""Primitive ops as Function subclasses, grouped by kind."""

@@ -1,0 +1,216 @@
+"""Elementwise ops: arithmetic with broadcasting, unary math, where / masked_fill.
+
+Binary ops accept a Python scalar as either operand; it keeps the tensor's
+dtype (NumPy's weak scalar promotion), so float32 stays float32.
+"""
+
+from __future__ import annotations
+
+from ..autograd import Function, unbroadcast
+from ..backend import get_array_module
+
+
+def _shape(a):
+    return getattr(a, "shape", ())
+
+
+def _check_broadcast(op: str, x, y):
+    sx, sy = _shape(x), _shape(y)
+    for a, b in zip(reversed(sx), reversed(sy)):
+        if a != b and a != 1 and b != 1:
+            raise ValueError(f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together")
+
+
+class _Binary(Function):
+    def forward(self, x, y):
+        _check_broadcast(self.name.lower(), x, y)
+        self.sx, self.sy = _shape(x), _shape(y)
+        return self.compute(x, y)
+
+    def reduce(self, gx, gy):
+        return (
+            None if gx is None else unbroadcast(gx, self.sx),
+            None if gy is None else unbroadcast(gy, self.sy),
+        )
+
+
+class Add(_Binary):
+    def compute(self, x, y):
+        return x + y
+
+    def backward(self, g):
+        return self.reduce(g, g)
+
+
+class Sub(_Binary):
+    def compute(self, x, y):
+        return x - y
+
+    def backward(self, g):
+        return self.reduce(g, -g)
+
+
+class Mul(_Binary):
+    def compute(self, x, y):
+        self.save(x, y)
+        return x * y
+
+    def backward(self, g):
+        x, y = self.saved
+        return self.reduce(g * y, g * x)
+
+
+class Div(_Binary):
+    def compute(self, x, y):
+        self.save(x, y)
+        return x / y
+
+    def backward(self, g):
+        x, y = self.saved
+        gx = g / y
+        return self.reduce(gx, -gx * x / y)
+
+
+class Pow(_Binary):
+    """x ** y; the gradient for y uses log(x) and is only formed when y needs it."""
+
+    def compute(self, x, y):
+        out = x**y
+        self.save(x, y, out)
+        return out
+
+    def backward(self, g):
+        x, y, out = self.saved
+        xp = get_array_module(g)
+        if isinstance(y, (int, float)):
+            gx = g * y * x ** (y - 1) if y != 2 else g * 2 * x
+            return self.reduce(gx, None)
+        gx = g * y * x ** (y - 1)
+        with xp.errstate(divide="ignore", invalid="ignore"):
+            gy = g * out * xp.log(xp.where(x > 0, x, 1))
+        return self.reduce(gx, gy)
+
+
+class Neg(Function):
+    def forward(self, x):
+        return -x
+
+    def backward(self, g):
+        return -g
+
+
+class Exp(Function):
+    def forward(self, x):
+        y = get_array_module(x).exp(x)
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        return g * self.saved[0]
+
+
+class Log(Function):
+    def forward(self, x):
+        self.save(x)
+        return get_array_module(x).log(x)
+
+    def backward(self, g):
+        return g / self.saved[0]
+
+
+class Sqrt(Function):
+    def forward(self, x):
+        y = get_array_module(x).sqrt(x)
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        return g / (2 * self.saved[0])
+
+
+class Tanh(Function):
+    def forward(self, x):
+        y = get_array_module(x).tanh(x)
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        y = self.saved[0]
+        return g * (1 - y * y)
+
+
+class Abs(Function):
+    def forward(self, x):
+        self.save(x)
+        return get_array_module(x).abs(x)
+
+    def backward(self, g):
+        return g * get_array_module(g).sign(self.saved[0])
+
+
+class Relu(Function):
+    def forward(self, x):
+        y = get_array_module(x).maximum(x, 0)
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        return g * (self.saved[0] > 0)
+
+
+class Sigmoid(Function):
+    def forward(self, x):
+        xp = get_array_module(x)
+        y = 0.5 * (xp.tanh(0.5 * x) + 1)  # overflow-free logistic
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        y = self.saved[0]
+        return g * y * (1 - y)
+
+
+class Where(Function):
+    """where(cond, x, y): the gradient goes to x where cond holds, to y elsewhere."""
+
+    def forward(self, cond, x, y):
+        xp = get_array_module(cond, x, y)
+        self.cond, self.sx, self.sy = cond, _shape(x), _shape(y)
+        return xp.where(cond, x, y)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        zero = xp.zeros((), dtype=g.dtype)
+        gx = unbroadcast(xp.where(self.cond, g, zero), self.sx)
+        gy = unbroadcast(xp.where(self.cond, zero, g), self.sy)
+        return None, gx, gy
+
+
+class MaskedFill(Function):
+    """x with ``value`` wherever the (broadcast) boolean mask is True."""
+
+    def forward(self, x, mask, value):
+        xp = get_array_module(x)
+        _check_broadcast("masked_fill", x, mask)
+        if mask.ndim > x.ndim or any(
+            m != 1 and m != s for m, s in zip(reversed(mask.shape), reversed(x.shape))
+        ):
+            raise ValueError(
+                f"masked_fill: mask of shape {tuple(mask.shape)} does not broadcast to the "
+                f"tensor's shape {tuple(x.shape)}"
+            )
+        self.mask = mask
+        return xp.where(mask, xp.asarray(value, dtype=x.dtype), x)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        return xp.where(self.mask, xp.zeros((), dtype=g.dtype), g), None, None
+
+
+class Cast(Function):
+    def forward(self, x, dtype):
+        self.dtype_in = x.dtype
+        return x.astype(dtype)
+
+    def backward(self, g):
+        return g.astype(self.dtype_in), None

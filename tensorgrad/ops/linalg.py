@@ -1,0 +1,75 @@
+"""Matrix products: batched ``matmul`` with broadcasting, and the fused ``linear``."""
+
+from __future__ import annotations
+
+from ..autograd import Function, unbroadcast
+
+
+def _mT(a):
+    return a.swapaxes(-1, -2)
+
+
+class MatMul(Function):
+    """x @ y with NumPy's batched broadcasting; 1-D operands act as in NumPy."""
+
+    def forward(self, x, y):
+        if x.ndim == 0 or y.ndim == 0:
+            raise ValueError("matmul: both operands need at least one dimension")
+        if x.shape[-1] != y.shape[-2 if y.ndim > 1 else 0]:
+            raise ValueError(
+                f"matmul: shapes {tuple(x.shape)} and {tuple(y.shape)} are not aligned "
+                f"({x.shape[-1]} != {y.shape[-2 if y.ndim > 1 else 0]})"
+            )
+        try:
+            out = x @ y
+        except ValueError:
+            raise ValueError(
+                f"matmul: batch shapes of {tuple(x.shape)} and {tuple(y.shape)} cannot be "
+                "broadcast together"
+            ) from None
+        self.save(x, y)
+        return out
+
+    def backward(self, g):
+        x, y = self.saved
+        x2 = x[None, :] if x.ndim == 1 else x
+        y2 = y[:, None] if y.ndim == 1 else y
+        if x.ndim == 1:
+            g = g[..., None, :]
+        if y.ndim == 1:
+            g = g[..., None]
+        gx = g @ _mT(y2)
+        gy = _mT(x2) @ g
+        if x.ndim == 1:
+            gx = gx.reshape(gx.shape[:-2] + (gx.shape[-1],))
+        if y.ndim == 1:
+            gy = gy.reshape(gy.shape[:-2] + (gy.shape[-2],))
+        return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
+
+
+class Linear(Function):
+    """y = x @ W.T + b as one 2-D GEMM over all leading rows; W is (out, in)."""
+
+    def forward(self, x, w, b=None):
+        if x.shape[-1] != w.shape[1]:
+            raise ValueError(
+                f"linear: input of shape {tuple(x.shape)} does not match weight of shape "
+                f"{tuple(w.shape)} (in_features = {w.shape[1]})"
+            )
+        x2 = x.reshape(-1, x.shape[-1])
+        y = x2 @ w.T
+        if b is not None:
+            y += b
+        self.save(x, w)
+        self.has_b = b is not None
+        self.lead = x.shape[:-1]
+        return y.reshape(*self.lead, w.shape[0])
+
+    def backward(self, g):
+        x, w = self.saved
+        x2 = x.reshape(-1, x.shape[-1])
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ w).reshape(*self.lead, w.shape[1])
+        gw = g2.T @ x2
+        gb = g2.sum(axis=0) if self.has_b else None
+        return gx, gw, gb

@@ -1,0 +1,188 @@
+"""Shape ops: reshape, transpose/permute, expand, indexing, cat/stack, split."""
+
+from __future__ import annotations
+
+from ..autograd import Function
+from ..backend import get_array_module
+
+
+def resolve_shape(shape, size: int, old_shape) -> tuple:
+    """Fill in one -1 and check the element count, naming both shapes on failure."""
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"view: only one dimension can be -1, got {shape}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            if s < 0:
+                raise ValueError(f"view: invalid size {s} in {shape}")
+            known *= s
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise ValueError(f"view: shape {shape} is invalid for input of shape {tuple(old_shape)}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    elif known != size:
+        raise ValueError(f"view: shape {shape} is invalid for input of shape {tuple(old_shape)}")
+    return shape
+
+
+class Reshape(Function):
+    def forward(self, x, shape):
+        self.shape = x.shape
+        return x.reshape(resolve_shape(shape, x.size, x.shape))
+
+    def backward(self, g):
+        return g.reshape(self.shape), None
+
+
+class Permute(Function):
+    def forward(self, x, dims):
+        if sorted(d % max(x.ndim, 1) for d in dims) != list(range(x.ndim)):
+            raise ValueError(f"permute: {tuple(dims)} is not a permutation of {x.ndim} dims")
+        self.dims = tuple(d % x.ndim for d in dims)
+        return x.transpose(self.dims)
+
+    def backward(self, g):
+        inv = [0] * len(self.dims)
+        for i, d in enumerate(self.dims):
+            inv[d] = i
+        return g.transpose(inv), None
+
+
+class Expand(Function):
+    def forward(self, x, shape):
+        xp = get_array_module(x)
+        self.shape = x.shape
+        lead = len(shape) - x.ndim
+        if lead < 0:
+            raise ValueError(f"expand: cannot expand shape {tuple(x.shape)} to {tuple(shape)}")
+        full = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+        try:
+            return xp.broadcast_to(x, full)
+        except ValueError:
+            raise ValueError(
+                f"expand: cannot expand shape {tuple(x.shape)} to {tuple(shape)}"
+            ) from None
+
+    def backward(self, g):
+        from ..autograd import unbroadcast
+
+        return unbroadcast(g, self.shape), None
+
+
+class Contiguous(Function):
+    def forward(self, x):
+        return get_array_module(x).ascontiguousarray(x)
+
+    def backward(self, g):
+        return g
+
+
+def _has_int_array(key) -> bool:
+    """True when the key holds an integer array (indices may repeat, so backward must add)."""
+    items = key if isinstance(key, tuple) else (key,)
+    return any(getattr(k, "dtype", None) is not None and k.dtype.kind in "iu" for k in items)
+
+
+def _check_bounds(x, key):
+    """IndexError naming the dim for out-of-range integers (NumPy also raises, less clearly)."""
+    items = key if isinstance(key, tuple) else (key,)
+    dim = 0
+    for k in items:
+        if k is None:
+            continue
+        if k is Ellipsis:
+            dim = x.ndim - sum(1 for i in items if i is not None and i is not Ellipsis)
+            continue
+        if isinstance(k, int):
+            if dim >= x.ndim or not -x.shape[dim] <= k < x.shape[dim]:
+                size = x.shape[dim] if dim < x.ndim else 0
+                raise IndexError(f"index {k} is out of range for dim {dim} with size {size}")
+        elif not isinstance(k, slice) and getattr(k, "dtype", None) is not None:
+            if k.dtype.kind in "iu" and k.size:
+                size = x.shape[dim] if dim < x.ndim else 0
+                lo, hi = int(k.min()), int(k.max())
+                if lo < -size or hi >= size:
+                    bad = hi if hi >= size else lo
+                    raise IndexError(f"index {bad} is out of range for dim {dim} with size {size}")
+            elif k.dtype.kind == "b":
+                dim += k.ndim - 1
+        dim += 1
+
+
+class GetItem(Function):
+    """x[key]; the backward of integer-array indexing accumulates repeated indices."""
+
+    def forward(self, x, key):
+        _check_bounds(x, key)
+        self.shape, self.dtype, self.key = x.shape, x.dtype, key
+        return x[key]
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        gx = xp.zeros(self.shape, dtype=g.dtype)
+        if _has_int_array(self.key):
+            xp.add.at(gx, self.key, g)
+        else:
+            gx[self.key] = g
+        return gx, None
+
+
+class Cat(Function):
+    def forward(self, *xs, dim=0):
+        xp = get_array_module(*xs)
+        nd = xs[0].ndim
+        if not -nd <= dim < nd:
+            raise IndexError(f"cat: dim {dim} is out of range for {nd}-d tensors")
+        self.dim = dim % nd
+        for x in xs:
+            if x.ndim != nd or any(
+                a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if i != self.dim
+            ):
+                raise ValueError(
+                    f"cat: shapes {[tuple(t.shape) for t in xs]} differ outside dim {dim}"
+                )
+        self.sizes = [x.shape[self.dim] for x in xs]
+        return xp.concatenate(xs, axis=self.dim)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        cuts = []
+        acc = 0
+        for s in self.sizes[:-1]:
+            acc += s
+            cuts.append(acc)
+        return tuple(xp.split(g, cuts, axis=self.dim))
+
+
+class Stack(Function):
+    def forward(self, *xs, dim=0):
+        xp = get_array_module(*xs)
+        if any(x.shape != xs[0].shape for x in xs):
+            raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in xs]}")
+        self.dim = dim % (xs[0].ndim + 1)
+        return xp.stack(xs, axis=self.dim)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        return tuple(xp.moveaxis(g, self.dim, 0))
+
+
+class Split(Function):
+    """Cut x along ``dim`` into pieces of the given sizes; outputs are views."""
+
+    multi_output = True
+
+    def forward(self, x, sizes, dim):
+        self.dim, self.shape = dim, x.shape
+        cuts, acc = [], 0
+        for s in sizes[:-1]:
+            acc += s
+            cuts.append(acc)
+        self.cuts = cuts
+        xp = get_array_module(x)
+        return tuple(xp.split(x, cuts, axis=dim))
+
+    def backward(self, *gs):
+        xp = get_array_module(gs[0])
+        return xp.concatenate(gs, axis=self.dim), None, None
