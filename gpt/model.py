@@ -1,0 +1,365 @@
+"""The GPT-2 transformer on tensorgrad, with GPT-2's parameter names and initialisation.
+
+Shapes in comments: B batch, T sequence length, C = n_embd, nh heads, hs = C / nh head
+size, V vocabulary, S keys (T plus cached positions when generating).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+import tensorgrad as tg
+import tensorgrad.functional as F
+from tensorgrad import nn
+from tensorgrad.backend import get_array_module, rng, to_device, to_numpy
+from tensorgrad.tensor import as_array
+
+from .config import GPTConfig
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, one (B, nh, block_size, hs) pair a layer.
+
+    Preallocated, so appending a position writes in place instead of re-concatenating.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, xp, dtype):
+        hs = config.n_embd // config.n_head
+        shape = (batch_size, config.n_head, config.block_size, hs)
+        self.k = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+        self.v = [xp.zeros(shape, dtype) for _ in range(config.n_layer)]
+        self.length = 0  # positions filled
+
+    def append(self, layer: int, k, v):
+        """Store (B, nh, T, hs) keys/values after the cached ones; return all of them."""
+        t0, t1 = self.length, self.length + k.shape[2]
+        self.k[layer][:, :, t0:t1] = k.data
+        self.v[layer][:, :, t0:t1] = v.data
+        return tg.Tensor(self.k[layer][:, :, :t1]), tg.Tensor(self.v[layer][:, :, :t1])
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C = config.n_embd
+        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)  # W_Q, W_K, W_V as one matrix
+        self.c_proj = nn.Linear(C, C, bias=config.bias)  # W_O
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, C, config.dropout
+        self.fused = True  # False: the explicit q·kᵀ -> mask -> softmax -> ·v path
+
+    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
+        B, T, C = x.shape
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, nh, S, hs)
+        p = self.dropout if self.training else 0.0
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               is_causal=mask is None)
+        else:
+            S = k.shape[2]
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+            allowed = mask if mask is not None else F.causal_mask(get_array_module(x.data), T, S)
+            att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))
+            att = F.softmax(att, dim=-1)
+            att = self.attn_dropout(att)
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate=config.gelu)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding E
+            wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+        ))
+        if config.tie_weights:
+            self.lm_head = None  # the unembedding is transformer.wte.weight itself
+        else:
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self._init_weights()
+
+    # ------------------------------------------------------------------ init and bookkeeping
+    def _init_weights(self):
+        """GPT-2 init: N(0, 0.02) weights, zero biases, N(0, 0.02/√(2·n_layer)) residual proj."""
+        g = rng("cpu")
+        proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.data = g.normal(0.0, proj_std, p.shape).astype(np.float32)
+            elif name.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight")):
+                p.data = np.ones(p.shape, np.float32)
+            elif name.endswith(".bias"):
+                p.data = np.zeros(p.shape, np.float32)
+            else:
+                p.data = g.normal(0.0, 0.02, p.shape).astype(np.float32)
+
+    @property
+    def unembedding(self) -> nn.Parameter:
+        return self.transformer.wte.weight if self.lm_head is None else self.lm_head.weight
+
+    def named_parameters(self, prefix: str = "", remove_duplicate: bool = True):
+        yield from super().named_parameters(prefix, remove_duplicate)
+        if self.lm_head is None and not remove_duplicate:
+            # tied: list the shared matrix under its GPT-2 name as well
+            yield (f"{prefix}." if prefix else "") + "lm_head.weight", self.transformer.wte.weight
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        """As Module.load_state_dict; with tied weights 'lm_head.weight' may be absent."""
+        state = dict(state)
+        if self.lm_head is None:
+            head = state.pop("lm_head.weight", None)
+            wte = state.get("transformer.wte.weight", head)
+            if wte is not None:
+                state["transformer.wte.weight"] = state["lm_head.weight"] = wte
+        return super().load_state_dict(state, strict)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count (the tied matrix once); by default without position embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def estimate_flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token, as nanoGPT's MFU estimate: 6·N + 12·L·H·Q·T.
+
+        N = num_params() (non-embedding), L layers, H heads, Q head size, T context:
+        6·N for the matmuls' forward and backward, 12·L·H·Q·T for attention scores and values.
+        """
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
+
+    # ------------------------------------------------------------------ forward
+    def _check_idx(self, idx):
+        idx = as_array(idx)
+        if idx.ndim == 1:
+            idx = idx[None, :]
+        if idx.ndim != 2:
+            raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
+        if idx.dtype.kind not in "iu":
+            raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        V = self.config.vocab_size
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= V:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, {V}) (vocab_size)")
+        return idx
+
+    def _masks(self, idx, attention_mask, doc_sep, offset: int, S: int):
+        """Position ids and the boolean (B, 1, T, S) attention mask, or None for plain causal."""
+        xp = get_array_module(idx)
+        B, T = idx.shape
+        pos = xp.arange(offset, offset + T)[None, :]
+        if attention_mask is None and doc_sep is None:
+            return pos, None
+        allowed = F.causal_mask(xp, T, S)[None]  # (1, T, S)
+        if attention_mask is not None:
+            am = as_array(attention_mask).astype(bool)
+            if am.shape != (B, S):
+                raise ValueError(f"attention_mask must have shape {(B, S)}, got {tuple(am.shape)}")
+            allowed = allowed & am[:, None, :]  # padded keys get no attention
+        if doc_sep is not None:
+            # a separator ends its document: doc id = separators strictly before t
+            sep = idx == doc_sep
+            doc = xp.cumsum(sep, axis=1) - sep
+            allowed = allowed & (doc[:, :, None] == doc[:, None, :])
+            # positions restart at each document, as if each ran alone
+            t = xp.arange(T)[None, :]
+            start = xp.maximum.accumulate(xp.where(sep, t + 1, 0), axis=1)
+            start = xp.concatenate([xp.zeros((B, 1), start.dtype), start[:, :-1]], axis=1)
+            pos = t - start
+        return pos, allowed[:, None]  # (B, 1, T, S)
+
+    def forward(self, idx, targets=None, attention_mask=None, doc_sep: int | None = None,
+                cache: KVCache | None = None):
+        """Logits and loss. idx: (B, T) token ids.
+
+        With targets (B, T): logits (B, T, V) and the mean cross-entropy over positions whose
+        target is not -1. Without: logits of the last position only, (B, 1, V), and None.
+        attention_mask (B, T) of 0/1 hides right-padding keys; doc_sep=<id> keeps attention
+        (and position ids) within each packed document.
+        """
+        idx = self._check_idx(idx)
+        B, T = idx.shape
+        offset = cache.length if cache is not None else 0
+        if offset + T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {offset + T} exceeds block_size {self.config.block_size}"
+            )
+        pos, mask = self._masks(idx, attention_mask, doc_sep, offset, offset + T)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.length += T
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            x = x[:, -1:, :]  # only the last position's prediction is needed
+        logits = F.linear(x, self.unembedding)  # (B, T, V) = H·Eᵀ
+        if targets is None:
+            return logits, None
+        t = as_array(targets)
+        if t.shape != (B, T):
+            raise ValueError(f"targets must have shape {(B, T)}, got {tuple(t.shape)}")
+        loss = F.cross_entropy(logits.view(B * T, -1), t.reshape(-1).astype(np.int64),
+                               ignore_index=-1)
+        return logits, loss
+
+    def set_fused_attention(self, fused: bool) -> None:
+        for block in self.transformer.h:
+            block.attn.fused = fused
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self, weight_decay: float, learning_rate: float,
+                             betas=(0.9, 0.95)):
+        """AdamW with decay on every ≥2-D parameter (matmul weights, embeddings) only."""
+        from .optim import AdamW
+
+        params = list(self.named_parameters())  # the tied matrix appears once
+        decay = [p for _, p in params if p.ndim >= 2]
+        no_decay = [p for _, p in params if p.ndim < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return AdamW(groups, lr=learning_rate, betas=betas)
+
+    # ------------------------------------------------------------------ generation
+    @tg.no_grad()
+    def generate_stream(self, idx, max_new_tokens: int, temperature: float = 1.0,
+                        top_k: int | None = None, top_p: float | None = None,
+                        eos_token_id: int | None = None, seed: int | None = None,
+                        use_cache: bool = True):
+        """Yield (B,) arrays of new tokens one step at a time (see ``generate``)."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k <= 0:
+            raise ValueError(f"top_k must be positive, got {top_k}")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        was_training = self.training
+        self.eval()
+        try:
+            ctx = to_numpy(self._check_idx(idx)).astype(np.int64)
+            gen = np.random.Generator(np.random.PCG64(seed)) if seed is not None else rng("cpu")
+            bs = self.config.block_size
+            cache, done = None, np.zeros(ctx.shape[0], dtype=bool)
+            xp = get_array_module(self.transformer.wte.weight.data)
+            for _ in range(max_new_tokens):
+                if not use_cache:
+                    logits, _ = self(to_device(ctx[:, -bs:], _dev(xp)))
+                elif cache is None or cache.length >= bs:
+                    # (re)fill the cache from the context window, then go one token at a time
+                    cache = KVCache(self.config, ctx.shape[0], xp, self.transformer.wte.weight.dtype)
+                    logits, _ = self(to_device(ctx[:, -bs:], _dev(xp)), cache=cache)
+                else:
+                    logits, _ = self(to_device(ctx[:, -1:], _dev(xp)), cache=cache)
+                nxt = sample_next(to_numpy(logits.data)[:, -1, :], temperature, top_k, top_p, gen)
+                if eos_token_id is not None:
+                    nxt = np.where(done, eos_token_id, nxt)
+                    done |= nxt == eos_token_id
+                ctx = np.concatenate([ctx, nxt[:, None]], axis=1)
+                yield nxt
+                if eos_token_id is not None and done.all():
+                    break
+        finally:
+            self.train(was_training)
+
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 eos_token_id: int | None = None, seed: int | None = None,
+                 use_cache: bool = True) -> np.ndarray:
+        """The prompt (B, T) followed by up to max_new_tokens sampled tokens, (B, T + new).
+
+        temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the smallest set
+        whose probability reaches p; a row that emits eos_token_id is padded with it and
+        generation stops when every row has. The context is cropped to block_size. With
+        use_cache each new token runs the blocks on one position against cached keys/values.
+        """
+        prompt = to_numpy(self._check_idx(idx)).astype(np.int64)
+        new = list(self.generate_stream(prompt, max_new_tokens, temperature, top_k, top_p,
+                                        eos_token_id, seed, use_cache))
+        if not new:
+            return prompt
+        return np.concatenate([prompt, np.stack(new, axis=1)], axis=1)
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(cls, path) -> "GPT":
+        """Load a HuggingFace-format GPT-2 directory (config.json + model.safetensors)."""
+        from .checkpoint import load_hf_gpt2
+
+        return load_hf_gpt2(cls, Path(path))
+
+
+def _dev(xp) -> str:
+    return "cpu" if xp is np else "cuda"
+
+
+def sample_next(logits: np.ndarray, temperature: float, top_k, top_p, gen) -> np.ndarray:
+    """One token id per row from (B, V) logits (NumPy, float64 for the arithmetic)."""
+    logits = logits.astype(np.float64)
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    logits = logits / temperature
+    V = logits.shape[-1]
+    if top_k is not None and top_k < V:
+        kth = np.partition(logits, V - top_k, axis=-1)[:, V - top_k][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, axis=-1)
+        # drop a token when the tokens ranked above it already reach top_p
+        drop_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p >= top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        probs = np.where(drop, 0.0, probs)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    u = gen.random(probs.shape[0])
+    cdf = np.cumsum(probs, axis=-1)
+    return np.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1), V - 1)
