@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import json
 import os
 import re
@@ -31,8 +32,19 @@ UNK = "<|unk|>"
 
 # Unicode's White_Space property. Python's `\s` also matches U+001C..U+001F (ASCII record
 # separators), which GPT-2's `regex`-based pattern treats as punctuation, so we spell it out.
-_WHITE_SPACE = [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-                0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+_WHITE_SPACE = [
+    *range(0x09, 0x0E),
+    0x20,
+    0x85,
+    0xA0,
+    0x1680,
+    *range(0x2000, 0x200B),
+    0x2028,
+    0x2029,
+    0x202F,
+    0x205F,
+    0x3000,
+]
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str | memoryview) -> None:
@@ -258,7 +270,7 @@ def _learn_merges(
     pair_count: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)
     for wi, (w, f) in enumerate(zip(words, freqs)):
-        for p in zip(w, w[1:]):
+        for p in itertools.pairwise(w):
             pair_count[p] += f
             where[p].add(wi)
     heap = [(-c, p) for p, c in pair_count.items()]
@@ -295,9 +307,9 @@ def _learn_merges(
             if len(merged) == n:
                 continue  # the index is lazy: this word lost the pair in an earlier merge
             f = freqs[wi]
-            for p in zip(w, w[1:]):
+            for p in itertools.pairwise(w):
                 delta[p] -= f
-            for p in zip(merged, merged[1:]):
+            for p in itertools.pairwise(merged):
                 delta[p] += f
                 where[p].add(wi)
             words[wi] = merged
@@ -398,7 +410,7 @@ class BPETokenizer(Tokenizer):
         ids = [self._byte_ids[b] for b in piece.encode("utf-8", "surrogatepass")]
         ranks = self._ranks
         while len(ids) > 1:
-            pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, _NO_MERGE))
+            pair = min(itertools.pairwise(ids), key=lambda p: ranks.get(p, _NO_MERGE))
             hit = ranks.get(pair)
             if hit is None:
                 break
@@ -478,7 +490,7 @@ def _split_merge(line: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-_TYPES: dict[str, type[CharTokenizer] | type[BPETokenizer]] = {
+_TYPES: dict[str, type[CharTokenizer | BPETokenizer]] = {
     "char": CharTokenizer,
     "bpe": BPETokenizer,
 }
