@@ -84,23 +84,34 @@ def load_arrays(path) -> dict:
 
 # ----------------------------------------------------------------------------- GPT-2 (HF)
 
+# HF activation_function -> GPTConfig.gelu (gelu_new, gelu_fast and gelu_pytorch_tanh are all
+# the tanh approximation; anything else would load silently wrong)
+_HF_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none",
+            "gelu_python": "none"}
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 def hf_config(d: dict) -> GPTConfig:
     """GPTConfig from a HuggingFace GPT-2 config.json dict."""
     act = d.get("activation_function", "gelu_new")
+    if act not in _HF_GELU:
+        raise CheckpointError(
+            f"config.json: activation_function {act!r} is not supported "
+            f"(one of {sorted(_HF_GELU)})"
+        )
     try:
         return GPTConfig(
             block_size=d.get("n_positions", d.get("n_ctx", 1024)),
             vocab_size=d["vocab_size"], n_layer=d["n_layer"], n_head=d["n_head"],
             n_embd=d["n_embd"], dropout=0.0, bias=True,
-            gelu="none" if act == "gelu" else "tanh",
+            gelu=_HF_GELU[act],
             tie_weights=d.get("tie_word_embeddings", True),
             layer_norm_eps=d.get("layer_norm_epsilon", 1e-5),
         )
     except KeyError as e:
         raise CheckpointError(f"config.json lacks the key {e.args[0]!r}") from None
+    except ValueError as e:  # GPTConfig.validate: a bad value
+        raise CheckpointError(f"config.json: {e}") from None
 
 
 def load_hf_gpt2(cls, path: Path):

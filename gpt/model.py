@@ -268,7 +268,6 @@ class GPT(nn.Module):
         return AdamW(groups, lr=learning_rate, betas=betas)
 
     # ------------------------------------------------------------------ generation
-    @tg.no_grad()
     def generate_stream(self, idx, max_new_tokens: int, temperature: float = 1.0,
                         top_k: int | None = None, top_p: float | None = None,
                         eos_token_id: int | None = None, seed: int | None = None,
@@ -289,14 +288,17 @@ class GPT(nn.Module):
             cache, done = None, np.zeros(ctx.shape[0], dtype=bool)
             xp = get_array_module(self.transformer.wte.weight.data)
             for _ in range(max_new_tokens):
+                window = ctx[:, -1:]
                 if not use_cache:
-                    logits, _ = self(to_device(ctx[:, -bs:], _dev(xp)))
+                    window = ctx[:, -bs:]
                 elif cache is None or cache.length >= bs:
                     # (re)fill the cache from the context window, then go one token at a time
                     cache = KVCache(self.config, ctx.shape[0], xp, self.transformer.wte.weight.dtype)
-                    logits, _ = self(to_device(ctx[:, -bs:], _dev(xp)), cache=cache)
-                else:
-                    logits, _ = self(to_device(ctx[:, -1:], _dev(xp)), cache=cache)
+                    window = ctx[:, -bs:]
+                # per step, not a decorator: no_grad around a generator function ends before
+                # its body runs, and must not stay on while the caller runs between tokens
+                with tg.no_grad():
+                    logits, _ = self(to_device(window, _dev(xp)), cache=cache)
                 nxt = sample_next(to_numpy(logits.data)[:, -1, :], temperature, top_k, top_p, gen)
                 if eos_token_id is not None:
                     nxt = np.where(done, eos_token_id, nxt)

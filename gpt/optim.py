@@ -66,14 +66,14 @@ class AdamW:
                 g = p.grad.data
                 x = p.data
                 xp = get_array_module(x)
+                if not x.flags.c_contiguous:  # before zeros_like, whose moments copy the layout
+                    x = p.data = xp.ascontiguousarray(x)
                 st = self.state.get(id(p))
                 if st is None:
                     st = self.state[id(p)] = {
                         "step": 0, "exp_avg": xp.zeros_like(x), "exp_avg_sq": xp.zeros_like(x),
                     }
                 st["step"] += 1
-                if not x.flags.c_contiguous:
-                    x = p.data = xp.ascontiguousarray(x)
                 adamw_update(x, g, st["exp_avg"], st["exp_avg_sq"], lr=lr, b1=b1, b2=b2,
                              eps=eps, wd=wd, step=st["step"])
                 p._version[0] += 1

@@ -126,7 +126,9 @@ class Module:
             if n in own:
                 p = own[n]
                 arr = v.data if isinstance(v, Tensor) else v
-                p.data = to_device(get_array_module(arr).asarray(arr, dtype=p.dtype), p.device)
+                # a contiguous copy: the optimizer updates parameters in place
+                arr = get_array_module(arr).array(arr, dtype=p.dtype, order="C", copy=True)
+                p.data = to_device(arr, p.device)
                 p._version[0] += 1
         return missing, unexpected
 
