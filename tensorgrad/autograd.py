@@ -191,6 +191,15 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
 
     grads = {start: [None] * start.n_out}
     grads[start][root._out_index] = grad
+    handed = set()  # ids of the arrays already stored as a .grad in this walk
+
+    def store(t, g):
+        # Add hands one array to both inputs: copy, so that no two .grad share (in-place safe)
+        if id(g) in handed:
+            g = g.copy()
+        handed.add(id(g))
+        t._accumulate_grad(g)
+
     ready = [start]
     while ready:
         fn = ready.pop()
@@ -203,7 +212,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             if fn.retained is not None:
                 for i, t in fn.retained.items():
                     if gys[i] is not None:
-                        t._accumulate_grad(gys[i])
+                        store(t, gys[i])
             if fn.n_out == 1:
                 gxs = fn.backward(gys[0])
             else:
@@ -217,6 +226,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 gxs = (gxs,)
         if not retain_graph:
             fn.__dict__.clear()
+            fn.checks = ()  # it holds the saved output tensors, and so their arrays
             fn.released = True
         for i, e in enumerate(fn.edges):
             if e is None:
@@ -233,4 +243,4 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 if pending[node] == 0:
                     ready.append(node)
             elif gx is not None:
-                e._accumulate_grad(gx)
+                store(e, gx)

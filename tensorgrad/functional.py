@@ -90,7 +90,8 @@ class CrossEntropy(Function):
         if reduction == "sum":
             return losses.sum()
         self.count = valid.sum()
-        return losses.sum() / self.count.astype(x.dtype)
+        with xp.errstate(invalid="ignore", divide="ignore"):  # all ignored: NaN, as PyTorch
+            return losses.sum() / self.count.astype(x.dtype)
 
     def backward(self, g):
         (p,) = self.saved
@@ -207,7 +208,7 @@ class Gelu(Function):
         self.approximate = approximate
         if approximate == "tanh":
             # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
-            u = x * x
+            u = xp.multiply(x, x, out=xp.empty_like(x))  # an array even for 0-d x (out= below)
             u *= _GELU_C
             u += 1
             u *= x

@@ -17,7 +17,8 @@ def _as_float64(inputs):
     out = []
     for x in inputs:
         if isinstance(x, Tensor):
-            arr = x.data.astype(np.float64) if x.dtype.kind == "f" else x.data
+            # a C-ordered copy, so that perturbing a reshape(-1) view of it perturbs x
+            arr = x.data.astype(np.float64, order="C") if x.dtype.kind == "f" else x.data
             t = Tensor(arr, requires_grad=x.requires_grad)
             out.append(t)
         else:

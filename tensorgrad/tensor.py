@@ -36,7 +36,11 @@ def as_array(x, dtype=None, device=None):
 def _index_key(key):
     """Replace Tensors inside an index by their arrays."""
     if isinstance(key, tuple):
-        return tuple(k.data if isinstance(k, Tensor) else k for k in key)
+        # lists become arrays, so that backward sees integer arrays and accumulates repeats
+        return tuple(
+            k.data if isinstance(k, Tensor) else np.asarray(k) if isinstance(k, list) else k
+            for k in key
+        )
     if isinstance(key, Tensor):
         return key.data
     if isinstance(key, list):
@@ -222,6 +226,8 @@ class Tensor:
         if g.shape != self.data.shape:
             g = get_array_module(g).broadcast_to(g, self.data.shape)
         if self.grad is None:
+            if not getattr(g.flags, "writeable", True):
+                g = g.copy()  # a broadcast view (from sum/mean/expand): .grad must be writable
             self.grad = Tensor._make(g, None, 0)
         else:
             self.grad = Tensor._make(self.grad.data + g, None, 0)
@@ -236,6 +242,8 @@ class Tensor:
         from .ops.elementwise import Cast
 
         x = self
+        if isinstance(other, np.generic):
+            other = other.item()  # NumPy scalars act as Python scalars (float32 stays float32)
         if not isinstance(other, Tensor):
             if isinstance(other, (bool, int, float)):
                 if isinstance(other, float) and x.dtype.kind not in "fc":
@@ -553,6 +561,8 @@ class Tensor:
         from .ops.shape import GetItem
 
         out = GetItem.apply(self, _index_key(key))
+        if get_array_module(self.data).may_share_memory(out.data, self.data):
+            self._view_of(out)  # basic indexing is a view: in-place writes must show up
         return out
 
     def split(self, split_size_or_sections, dim: int = 0):

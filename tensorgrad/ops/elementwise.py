@@ -87,7 +87,8 @@ class Pow(_Binary):
             return self.reduce(gx, None)
         gx = g * y * x ** (y - 1)
         with xp.errstate(divide="ignore", invalid="ignore"):
-            gy = g * out * xp.log(xp.where(x > 0, x, 1))
+            # a Python-scalar base makes a float64 0-d array here: keep g's dtype
+            gy = g * out * xp.log(xp.where(x > 0, x, 1)).astype(g.dtype, copy=False)
         return self.reduce(gx, gy)
 
 
@@ -161,7 +162,9 @@ class Relu(Function):
 class Sigmoid(Function):
     def forward(self, x):
         xp = get_array_module(x)
-        y = 0.5 * (xp.tanh(0.5 * x) + 1)  # overflow-free logistic
+        # overflow-free, and accurate for large negative x (where 0.5·(tanh(x/2) + 1) cancels to 0)
+        e = xp.exp(-xp.abs(x))
+        y = xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
         self.save(y)
         return y
 

@@ -34,10 +34,10 @@ class MatMul(Function):
         x, y = self.saved
         x2 = x[None, :] if x.ndim == 1 else x
         y2 = y[:, None] if y.ndim == 1 else y
-        if x.ndim == 1:
-            g = g[..., None, :]
         if y.ndim == 1:
             g = g[..., None]
+        if x.ndim == 1:
+            g = g[..., None, :]  # after y's axis, so a 0-d g (vector @ vector) works too
         gx = g @ _mT(y2)
         gy = _mT(x2) @ g
         if x.ndim == 1:

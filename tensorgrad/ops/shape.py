@@ -88,11 +88,16 @@ def _check_bounds(x, key):
     """IndexError naming the dim for out-of-range integers (NumPy also raises, less clearly)."""
     items = key if isinstance(key, tuple) else (key,)
     dim = 0
-    for k in items:
+    for pos, k in enumerate(items):
         if k is None:
             continue
         if k is Ellipsis:
-            dim = x.ndim - sum(1 for i in items if i is not None and i is not Ellipsis)
+            # the ellipsis covers every dim not consumed by the items after it
+            rest = items[pos + 1 :]
+            dim = x.ndim - sum(
+                getattr(i, "ndim", 1) if getattr(i, "dtype", None) == bool else 1
+                for i in rest if i is not None
+            )
             continue
         if isinstance(k, int):
             if dim >= x.ndim or not -x.shape[dim] <= k < x.shape[dim]:
