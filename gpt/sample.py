@@ -1,0 +1,212 @@
+"""gpt-sample: generate text from a gpt-train run or a GPT-2 checkpoint, streamed as it comes.
+
+    gpt-sample                                     # the best checkpoint of out/shakespeare-char
+    gpt-sample --out-dir out/notes-bpe --which latest --prompt "Dear diary," --top-p 0.9
+    gpt-sample --init-from gpt2/ --prompt "Hello, I'm a language model," --num-samples 3
+
+Tokens are printed as they are generated. Byte-level BPE tokens can end in the middle of a
+UTF-8 character, so the text is decoded from all ids generated so far and only the part that
+can no longer change is printed (a trailing U+FFFD waits for the rest of its bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+DEFAULT_OUT_DIR = "out/shakespeare-char"
+
+
+class UsageError(Exception):
+    """A bad flag or a missing input; main prints the message as one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def start_ids(tok, prompt: str | None) -> list[int]:
+    """Token ids to start from: the encoded prompt; without one, a newline for a character
+    tokenizer that knows it (text starts mid-dialogue), else <|endoftext|> (a new document)."""
+    if prompt:
+        return tok.encode(prompt)
+    if getattr(tok, "kind", "") == "char":
+        ids = tok.encode("\n")
+        if ids and 0 not in ids:
+            return ids
+    return [tok.eot_token_id]
+
+
+def stream_sample(model, tok, prompt_ids: list[int], max_new_tokens: int,
+                  temperature: float = 0.8, top_k: int | None = 200, top_p: float | None = None,
+                  seed: int | None = None, out=None) -> str:
+    """Generate one continuation of prompt_ids, writing its text to ``out`` (default stdout)
+    piece by piece; stops early at <|endoftext|>. Returns the generated text."""
+    import numpy as np
+
+    out = sys.stdout if out is None else out
+    eot = tok.special_tokens.get("<|endoftext|>")
+    ids: list[int] = []
+    shown = 0
+    text = ""
+    stream = model.generate_stream(np.array([prompt_ids], dtype=np.int64), max_new_tokens,
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eos_token_id=eot, seed=seed)
+    for nxt in stream:
+        t = int(nxt[0])
+        if t == eot:
+            break
+        ids.append(t)
+        text = tok.decode(ids)
+        stable = len(text.rstrip("\ufffd"))  # an unfinished UTF-8 character may still complete
+        if stable > shown:
+            out.write(text[shown:stable])
+            out.flush()
+            shown = stable
+    out.write(text[shown:])
+    out.flush()
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="gpt-sample",
+        description="Generate text from a gpt-train run (--out-dir) or a GPT-2 directory "
+        "(--init-from), streaming tokens to stdout as they are sampled.",
+    )
+    src = p.add_argument_group("model")
+    src.add_argument("--out-dir", default=None,
+                     help=f"a gpt-train output directory (default {DEFAULT_OUT_DIR})")
+    src.add_argument("--which", choices=("best", "latest"), default="best",
+                     help="which checkpoint of the run: 'best' (lowest validation loss, the "
+                     "default; falls back to latest if the run has none yet) or 'latest'")
+    src.add_argument("--init-from", default=None, metavar="DIR",
+                     help="a HuggingFace GPT-2 directory (config.json, model.safetensors, "
+                     "vocab.json, merges.txt) instead of a gpt-train run")
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--prompt", default=None,
+                     help="text to continue (default: a newline for character models, "
+                     "<|endoftext|> otherwise, i.e. start a new document)")
+    gen.add_argument("--prompt-file", default=None, metavar="FILE",
+                     help="read the prompt from a UTF-8 file instead")
+    gen.add_argument("--num-samples", type=int, default=3, help="how many samples (default 3)")
+    gen.add_argument("--max-new-tokens", type=int, default=500,
+                     help="tokens to generate per sample (default 500); a sample also ends "
+                     "when the model emits <|endoftext|>")
+    gen.add_argument("--temperature", type=float, default=0.8,
+                     help="divide the logits by this; <1 is more conservative, 0 is greedy "
+                     "(default 0.8)")
+    gen.add_argument("--top-k", type=int, default=200,
+                     help="sample only from the k likeliest tokens (default 200; 0 = off)")
+    gen.add_argument("--top-p", type=float, default=None,
+                     help="nucleus sampling: the smallest set of tokens whose probability "
+                     "reaches p, in (0, 1] (default off)")
+    gen.add_argument("--seed", type=int, default=1337,
+                     help="random seed; sample i uses seed + i (default 1337)")
+    gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="where to run the model (cuda needs CuPy: pip install -e '.[cuda]')")
+    return p
+
+
+def _validate(a) -> None:
+    if a.out_dir is not None and a.init_from is not None:
+        raise UsageError("give either --out-dir or --init-from, not both")
+    if a.prompt is not None and a.prompt_file is not None:
+        raise UsageError("give either --prompt or --prompt-file, not both")
+    if a.num_samples < 1:
+        raise UsageError(f"--num-samples must be at least 1, got {a.num_samples}")
+    if a.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
+    if not a.temperature >= 0:
+        raise UsageError(f"--temperature must be >= 0, got {a.temperature}")
+    if a.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0 (0 = off), got {a.top_k}")
+    if a.top_p is not None and not 0.0 < a.top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
+    if a.init_from is not None and not Path(a.init_from).is_dir():
+        raise UsageError(f"--init-from {a.init_from} is not a directory")
+    if a.prompt_file is not None and not Path(a.prompt_file).is_file():
+        raise UsageError(f"--prompt-file {a.prompt_file} does not exist")
+    if a.device == "cuda":
+        from tensorgrad.backend import require_cupy
+
+        try:
+            require_cupy()
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+
+
+def _load(a):
+    """(model, tokenizer, description) for the chosen source."""
+    from .checkpoint import CheckpointError
+    from .model import GPT
+    from .run_checkpoint import has_checkpoint, load_model
+    from .tokenizer import load_tokenizer_dir
+
+    if a.init_from is not None:
+        model = GPT.from_pretrained(a.init_from)
+        try:
+            tok = load_tokenizer_dir(a.init_from)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot load the tokenizer of {a.init_from}: {e}") from None
+        model.to(a.device)
+        return model, tok, a.init_from
+    out_dir = a.out_dir or DEFAULT_OUT_DIR
+    if not has_checkpoint(out_dir) and not has_checkpoint(Path(out_dir) / "best"):
+        raise UsageError(
+            f"no checkpoint in {out_dir}: train one first (gpt-train --out-dir "
+            f"{shlex.quote(out_dir)}) or pass --out-dir / --init-from"
+        )
+    model, tok, ckpt, d = load_model(out_dir, a.which, a.device)
+    return model, tok, f"{d} (iter {ckpt.get('iter')}, val loss {ckpt.get('val_loss')})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import CheckpointError
+
+    try:
+        a = build_parser().parse_args(argv)
+        _validate(a)
+        prompt = a.prompt
+        if a.prompt_file is not None:
+            try:
+                prompt = Path(a.prompt_file).read_text("utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise UsageError(f"cannot read --prompt-file {a.prompt_file}: {e}") from None
+        model, tok, where = _load(a)
+    except UsageError as e:
+        print(f"gpt-sample: error: {e}", file=sys.stderr)
+        return 2
+    except (CheckpointError, OSError, ValueError) as e:
+        print(f"gpt-sample: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    ids = start_ids(tok, prompt)
+    if getattr(tok, "kind", "") == "char" and 0 in ids:
+        print("gpt-sample: warning: the prompt has characters the model never saw in training "
+              "(they become <|unk|>)", file=sys.stderr)
+    print(f"sampling from {where}", file=sys.stderr)
+    try:
+        for i in range(a.num_samples):
+            if i:
+                sys.stdout.write("\n---------------\n")
+            if prompt:
+                sys.stdout.write(prompt)
+            stream_sample(model, tok, ids, a.max_new_tokens, a.temperature, a.top_k or None,
+                          a.top_p, seed=a.seed + i)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into `head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

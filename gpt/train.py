@@ -1,0 +1,766 @@
+"""gpt-train: train a GPT on Shakespeare or on your own text, with checkpoints you can resume.
+
+    gpt-train                                   # character-level Shakespeare, ~10 min on 2 cores
+    gpt-train --data notes/ --tokenizer bpe --vocab-size 2048 --max-iters 500
+    gpt-train --resume --out-dir out/shakespeare-char       # continue exactly where it stopped
+    gpt-train --init-from gpt2/ --data my.txt --lr 3e-5 --max-iters 200   # fine-tune GPT-2
+
+Configuration: TrainConfig's defaults, then (with --resume) the checkpoint's config, then a
+--config JSON file, then the command-line flags; the resolved config goes into every
+checkpoint. The script runs top to bottom: resolve and validate the config, prepare the
+data, build the model and optimizer (or restore them), then loop: every eval_interval
+iterations evaluate and checkpoint, and each iteration take one optimizer step.
+
+Resuming is exact: the checkpoint holds the weights, the AdamW moments and step counts, the
+tensorgrad RNG (dropout) and the batch samplers' generators, so N iterations in one run and
+N/2 plus --resume give bitwise the same losses on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import tensorgrad as tg
+from tensorgrad.backend import to_device
+
+from . import diagnostics as diag
+from . import run_checkpoint as rc
+from .checkpoint import CheckpointError, atomic_write_bytes
+from .config import PRESETS, GPTConfig
+from .data import (
+    BatchSampler,
+    DataError,
+    default_cache_dir,
+    load_tokenizer_from_dir,
+    prepare,
+    read_shakespeare,
+    read_text_path,
+)
+from .model import GPT
+from .optim import clip_grad_norm_, cosine_lr
+
+
+@dataclass
+class TrainConfig:
+    # data
+    dataset: str = "shakespeare"  # the built-in corpus, used when data is None
+    data: str | None = None  # a text file or a folder of .txt files
+    tokenizer: str = "char"  # 'char' or 'bpe' (ignored with init_from: GPT-2's own)
+    vocab_size: int | None = None  # bpe only (default 4096)
+    # model: a preset, individual overrides (None = the preset's), or a GPT-2 to fine-tune
+    preset: str = "char-small"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None
+    dropout: float | None = None
+    init_from: str | None = None  # HuggingFace GPT-2 directory
+    # optimisation
+    batch_size: int = 32
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_iters: int = 2000  # THE run-length knob: ~9-10 min of char-small on 2 CPU cores
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None  # None = max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 = off
+    # evaluation, output
+    eval_interval: int = 250
+    eval_iters: int = 20
+    out_dir: str | None = None  # None = out/<dataset>-<tokenizer>
+    seed: int = 1337
+    device: str = "cpu"
+    diagnose: bool = False
+    sample_tokens: int = 500  # sample printed at the end; 0 = none
+
+
+INT_FIELDS = {"vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
+              "grad_accum", "max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
+              "eval_iters", "seed", "sample_tokens"}
+FLOAT_FIELDS = {"dropout", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"}
+STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device"}
+MODEL_FIELDS = ("preset", "n_layer", "n_head", "n_embd", "block_size", "dropout")
+# what a resumed run keeps from its checkpoint, whatever the flags say
+FIXED_ON_RESUME = ("dataset", "data", "tokenizer", "vocab_size", "init_from", "seed",
+                   *MODEL_FIELDS)
+EXIT_USAGE, EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 2, 1, 130, 143
+
+
+class UsageError(Exception):
+    """A bad flag or value; main prints the message as one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    S = argparse.SUPPRESS  # absent flags stay absent, so lower layers (checkpoint, file) show
+    d = TrainConfig()
+    p = _Parser(
+        prog="gpt-train", argument_default=S,
+        description="Train a GPT with tensorgrad. With no arguments: a character-level model "
+        "on the built-in Shakespeare corpus, about 10 minutes on 2 CPU cores, ending with a "
+        "sample. Checkpoints go to --out-dir; --resume continues a run exactly.",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=("shakespeare",),
+                   help="built-in corpus, downloaded once into the cache ($GPT_CACHE_DIR or "
+                   "~/.cache/tensorgrad-gpt) (default shakespeare)")
+    g.add_argument("--data", metavar="PATH",
+                   help="train on your own UTF-8 text: a file, or a folder of .txt files")
+    g.add_argument("--tokenizer", choices=("char", "bpe"),
+                   help="char: one token per character; bpe: byte-level BPE trained on the "
+                   f"data (default {d.tokenizer})")
+    g.add_argument("--vocab-size", type=int, metavar="N", help="BPE vocabulary size (default 4096)")
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", metavar="NAME", help=f"model size: one of {', '.join(PRESETS)} (default "
+                   f"{d.preset}); the vocabulary size always comes from the tokenizer")
+    g.add_argument("--n-layer", type=int, metavar="N", help="transformer blocks (default: the preset's)")
+    g.add_argument("--n-head", type=int, metavar="N", help="attention heads; must divide --n-embd")
+    g.add_argument("--n-embd", type=int, metavar="N", help="embedding width")
+    g.add_argument("--block-size", type=int, metavar="N",
+                   help="context length in tokens (with --init-from: crop GPT-2's 1024)")
+    g.add_argument("--dropout", type=float, metavar="X", help="dropout probability in [0, 1)")
+    g.add_argument("--init-from", metavar="DIR",
+                   help="fine-tune a HuggingFace GPT-2 directory (config.json, "
+                   "model.safetensors, vocab.json, merges.txt); its tokenizer is used")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--batch-size", type=int, metavar="N", help=f"sequences per micro-batch ({d.batch_size})")
+    g.add_argument("--grad-accum", type=int, metavar="N",
+                   help=f"micro-batches per optimizer step ({d.grad_accum})")
+    g.add_argument("--max-iters", type=int, metavar="N", help=f"optimizer steps in all ({d.max_iters})")
+    g.add_argument("--lr", type=float, metavar="X", help=f"peak learning rate ({d.lr})")
+    g.add_argument("--min-lr", type=float, metavar="X", help=f"learning rate after decay ({d.min_lr})")
+    g.add_argument("--warmup-iters", type=int, metavar="N",
+                   help=f"linear warmup steps ({d.warmup_iters})")
+    g.add_argument("--lr-decay-iters", type=int, metavar="N",
+                   help="cosine decay from --lr to --min-lr ends here (default --max-iters)")
+    g.add_argument("--weight-decay", type=float, metavar="X",
+                   help=f"AdamW decoupled weight decay on matrices ({d.weight_decay})")
+    g.add_argument("--beta1", type=float, metavar="X", help=f"AdamW beta1 ({d.beta1})")
+    g.add_argument("--beta2", type=float, metavar="X", help=f"AdamW beta2 ({d.beta2})")
+    g.add_argument("--grad-clip", type=float, metavar="X",
+                   help=f"clip the global gradient norm to this; 0 = off ({d.grad_clip})")
+    g = p.add_argument_group("evaluation and output")
+    g.add_argument("--eval-interval", type=int, metavar="N",
+                   help=f"evaluate and checkpoint every N steps ({d.eval_interval})")
+    g.add_argument("--eval-iters", type=int, metavar="N",
+                   help=f"batches per split for each evaluation ({d.eval_iters})")
+    g.add_argument("--out-dir", metavar="DIR", help="checkpoints, metrics.jsonl and loss.png go here "
+                   "(default out/<dataset>-<tokenizer>, e.g. out/shakespeare-char)")
+    g.add_argument("--seed", type=int, metavar="N", help=f"seeds init, dropout and batches ({d.seed})")
+    g.add_argument("--device", choices=("cpu", "cuda"),
+                   help="cpu, or cuda (needs CuPy: pip install -e '.[cuda]') (default cpu)")
+    g.add_argument("--diagnose", action="store_true",
+                   help="check at the first step that every parameter gets a finite nonzero "
+                   "gradient, and log per-layer gradient norms and update/weight ratios "
+                   "every evaluation")
+    g.add_argument("--sample-tokens", type=int, metavar="N",
+                   help=f"tokens of the sample printed at the end ({d.sample_tokens})")
+    g.add_argument("--no-sample", dest="sample_tokens", action="store_const", const=0,
+                   help="print no sample at the end")
+    g = p.add_argument_group("run control")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out-dir from its latest checkpoint; its config "
+                   "is reused (flags may change e.g. --max-iters, not the model or data)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh even though --out-dir holds a checkpoint (deletes it)")
+    g.add_argument("--config", metavar="FILE",
+                   help="JSON object with TrainConfig keys (e.g. {\"max_iters\": 500}); "
+                   "command-line flags override it")
+    return p
+
+
+# ----------------------------------------------------------------------------- configuration
+def _read_config_file(path: str) -> dict:
+    try:
+        obj = json.loads(Path(path).read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--config {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--config {path} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"--config {path} must hold a JSON object")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {k.replace("-", "_"): v for k, v in obj.items()}
+    unknown = sorted(set(out) - fields)
+    if unknown:
+        raise UsageError(f"--config {path}: unknown keys {unknown}; known: {sorted(fields)}")
+    return out
+
+
+def _check_types(c: dict) -> None:
+    for k, v in c.items():
+        if v is None and k in INT_FIELDS | FLOAT_FIELDS | STR_FIELDS:
+            continue
+        if k in INT_FIELDS and (not isinstance(v, int) or isinstance(v, bool)):
+            raise UsageError(f"{k} must be an integer, got {v!r}")
+        if k in FLOAT_FIELDS:
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise UsageError(f"{k} must be a number, got {v!r}")
+            c[k] = float(v)
+        if k in STR_FIELDS and not isinstance(v, str):
+            raise UsageError(f"{k} must be a string, got {v!r}")
+        if k == "diagnose" and not isinstance(v, bool):
+            raise UsageError(f"diagnose must be true or false, got {v!r}")
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-") or "data"
+
+
+def _run_name(c: dict) -> str:
+    """'shakespeare-char', 'notes-bpe', 'notes-gpt2': names the out and data directories."""
+    name = _slug(Path(c["data"]).stem) if c.get("data") else c.get("dataset") or "shakespeare"
+    tok = _slug(Path(c["init_from"]).name) if c.get("init_from") else c.get("tokenizer", "char")
+    return f"{name}-{tok}"
+
+
+def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, dict]:
+    """(config, checkpoint dict when resuming, run-control flags)."""
+    args = vars(build_parser().parse_args(argv))
+    control = {k: args.pop(k, False) for k in ("resume", "overwrite")}
+    config_file = args.pop("config", None)
+    layers = [_read_config_file(config_file)] if config_file else []
+    layers.append(args)
+    for layer in layers:
+        _check_types(layer)
+        for k in ("data", "init_from"):
+            if layer.get(k):
+                layer[k] = str(Path(layer[k]).expanduser().resolve())
+    given = {k: v for layer in layers for k, v in layer.items()}
+    if control["resume"] and control["overwrite"]:
+        raise UsageError("--resume continues the checkpoint and --overwrite deletes it: "
+                         "give one of them")
+    if given.get("data") and given.get("dataset"):
+        raise UsageError("give --dataset (built-in corpus) or --data (your text), not both")
+    base = dataclasses.asdict(TrainConfig())
+    out_dir = given.get("out_dir") or f"out/{_run_name({**base, **given})}"
+    ckpt = None
+    if control["resume"]:
+        if not rc.has_checkpoint(out_dir):
+            raise UsageError(f"--resume: no checkpoint in {out_dir} (ckpt.json not found); "
+                             "check --out-dir or start without --resume")
+        ckpt = rc.read_ckpt(out_dir)
+        missing = [k for k in ("iter", "model_config", "train_config", "samplers", "rng",
+                               "tokenizer", "data") if k not in ckpt]
+        if missing:
+            raise CheckpointError(f"{out_dir}/ckpt.json lacks {', '.join(missing)}: it was not "
+                                  "written by gpt-train and cannot be resumed")
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k in fields}
+        for k in FIXED_ON_RESUME:
+            if k in given and given[k] != saved.get(k):
+                flag = "--" + k.replace("_", "-")
+                raise UsageError(f"--resume: {flag} {given[k]} differs from the checkpoint's "
+                                 f"{saved.get(k)}; a resumed run keeps its model, data and seed")
+        base.update(saved)
+    cfg = TrainConfig(**{**base, **given, "out_dir": out_dir})
+    return cfg, ckpt, control
+
+
+def validate(c: TrainConfig) -> None:
+    """Refuse nonsense before any work is done (UsageError names the flag)."""
+    def positive(name, v):
+        if v is not None and v <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {v}")
+
+    for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters",
+                 "n_layer", "n_head", "n_embd", "block_size", "lr_decay_iters"):
+        positive(name, getattr(c, name))
+    for name in ("warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"):
+        if getattr(c, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(c, name)}")
+    if not c.lr > 0:
+        raise UsageError(f"--lr must be positive, got {c.lr}")
+    if c.min_lr > c.lr:
+        raise UsageError(f"--min-lr ({c.min_lr}) must not exceed --lr ({c.lr})")
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(c, name) < 1.0:
+            raise UsageError(f"--{name} must be in [0, 1), got {getattr(c, name)}")
+    if c.dropout is not None and not 0.0 <= c.dropout < 1.0:
+        raise UsageError(f"--dropout must be in [0, 1), got {c.dropout}")
+    if c.dataset != "shakespeare":
+        raise UsageError(f"unknown --dataset {c.dataset!r}; the built-in one is 'shakespeare'")
+    if c.tokenizer not in ("char", "bpe"):
+        raise UsageError(f"--tokenizer must be 'char' or 'bpe', got {c.tokenizer!r}")
+    if c.vocab_size is not None:
+        if c.tokenizer != "bpe" or c.init_from:
+            raise UsageError("--vocab-size applies to --tokenizer bpe only (a char vocabulary "
+                             "is the corpus's characters; --init-from brings GPT-2's)")
+        if c.vocab_size < 257:
+            raise UsageError(f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), "
+                             f"got {c.vocab_size}")
+    if c.data is not None and not Path(c.data).exists():
+        raise UsageError(f"--data {c.data} does not exist")
+    if c.init_from is not None:
+        if not Path(c.init_from).is_dir():
+            raise UsageError(f"--init-from {c.init_from} is not a directory")
+        for name in ("n_layer", "n_head", "n_embd"):
+            if getattr(c, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} cannot change a pretrained "
+                                 "GPT-2 (--init-from); only --block-size and --dropout can")
+    else:
+        if c.preset not in PRESETS:
+            raise UsageError(f"unknown --preset {c.preset!r}; choose one of {', '.join(PRESETS)}")
+        m = {**PRESETS[c.preset], **_model_overrides(c)}
+        if m["n_embd"] % m["n_head"]:
+            raise UsageError(f"n_embd ({m['n_embd']}) must be divisible by n_head "
+                             f"({m['n_head']}); set --n-embd / --n-head accordingly")
+    if c.device == "cuda":
+        from tensorgrad.backend import require_cupy
+
+        try:
+            require_cupy()
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+    if c.device not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda, got {c.device!r}")
+
+
+def _model_overrides(c: TrainConfig) -> dict:
+    return {k: getattr(c, k) for k in MODEL_FIELDS[1:] if getattr(c, k) is not None}
+
+
+# ----------------------------------------------------------------------------- data
+def _prepare_with_tokenizer(documents, out: Path, tok, val_fraction: float = 0.1) -> dict:
+    """data.prepare's layout (train.bin, val.bin, meta.json) for a tokenizer given from
+    outside (GPT-2's, when fine-tuning); reused when text and tokenizer are unchanged."""
+    from .data import source_hash
+
+    want = {"source_hash": source_hash(documents), "val_fraction": val_fraction,
+            "tokenizer_sha256": hashlib.sha256(
+                json.dumps(tok.to_dict(), sort_keys=True).encode()).hexdigest()}
+    try:
+        meta = json.loads((out / "meta.json").read_text("utf-8"))
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        if all(meta.get(k) == v for k, v in want.items()) and all(
+                (out / f"{s}.bin").stat().st_size == meta[f"{s}_tokens"] * itemsize
+                for s in ("train", "val")):
+            return {**meta, "reused": True}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
+    eot = np.array([tok.eot_token_id], dtype=dtype)
+    parts = {"train": [], "val": []}
+    for _, text in documents:
+        ids = np.array(tok.encode(text), dtype=dtype)
+        cut = len(ids) - round(len(ids) * val_fraction)
+        parts["train"] += [ids[:cut], eot]
+        parts["val"] += [ids[cut:], eot]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)
+    counts = {}
+    for split, chunks in parts.items():
+        stream = np.concatenate(chunks)
+        atomic_write_bytes(out / f"{split}.bin", stream.tobytes())
+        counts[split] = len(stream)
+    tok.save(out)
+    meta = {**want, "tokenizer": tok.kind, "vocab_size": tok.vocab_size,
+            "eot_token_id": tok.eot_token_id, "dtype": dtype.name,
+            "train_tokens": counts["train"], "val_tokens": counts["val"],
+            "n_documents": len(documents)}
+    atomic_write_bytes(out / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    return {**meta, "reused": False}
+
+
+def _pretrained(c: TrainConfig) -> GPT:
+    """GPT-2 from --init-from, with --dropout and a cropped --block-size applied."""
+    model = GPT.from_pretrained(c.init_from)
+    mc = model.config
+    if c.block_size is not None and c.block_size > mc.block_size:
+        raise UsageError(f"--block-size {c.block_size} exceeds the pretrained model's "
+                         f"{mc.block_size}")
+    new = dataclasses.replace(mc, dropout=mc.dropout if c.dropout is None else c.dropout,
+                              block_size=c.block_size or mc.block_size)
+    if new == mc:
+        return model
+    state = dict(model.state_dict())
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: new.block_size]
+    model = GPT(new)
+    model.load_state_dict(state)
+    return model
+
+
+def load_data(c: TrainConfig, fixed_tok=None) -> tuple[Path, dict, object]:
+    """(prepared data directory, its meta, tokenizer). fixed_tok: tokenize with this one."""
+    docs = read_text_path(c.data) if c.data else read_shakespeare()
+    name = _run_name(dataclasses.asdict(c))
+    if c.tokenizer == "bpe" and not c.init_from:
+        name += f"{c.vocab_size or 4096}"
+    if c.data or c.init_from:  # different files of the same name get different folders
+        key = f"{c.data}|{c.init_from}".encode()
+        name += "-" + hashlib.sha1(key).hexdigest()[:8]
+    data_dir = default_cache_dir() / "data" / name
+    if not (data_dir / "meta.json").exists():  # the first time can take a while
+        print(f"preparing {c.data or c.dataset} into {data_dir} ...", file=sys.stderr)
+    if fixed_tok is not None:
+        meta = _prepare_with_tokenizer(docs, data_dir, fixed_tok)
+        return data_dir, meta, fixed_tok
+    meta = prepare(docs, data_dir, c.tokenizer, c.vocab_size)
+    return data_dir, meta, load_tokenizer_from_dir(data_dir)
+
+
+# ----------------------------------------------------------------------------- logging
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # JSON has no nan/inf
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    return x
+
+
+class Metrics:
+    """metrics.jsonl, one JSON object a line, plus the in-memory history for loss.png."""
+
+    def __init__(self, path: Path, keep_until: int | None):
+        """keep_until: on resume, drop records newer than the checkpoint's iteration (a run
+        killed between checkpoints logged steps that the resumed run will redo)."""
+        self.path = path
+        self.records: list[dict] = []
+        if keep_until is not None and path.exists():
+            for line in path.read_text("utf-8").splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a kill
+                if r.get("iter", 0) < keep_until or ("val_loss" in r and r["iter"] == keep_until):
+                    self.records.append(r)
+        text = "".join(json.dumps(r) + "\n" for r in self.records)
+        atomic_write_bytes(path, text.encode())
+        self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
+
+    def log(self, **record) -> None:
+        record = _jsonable(record)
+        self.records.append(record)
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+# ----------------------------------------------------------------------------- helpers
+@tg.no_grad()
+def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
+                  stop: dict | None = None) -> dict | None:
+    """Mean loss over eval_iters batches of each sampler, with dropout off; None when
+    stop['signal'] gets set meanwhile (the run is being interrupted)."""
+    model.eval()
+    out = {}
+    for split, sampler in samplers.items():
+        losses = []
+        for _ in range(eval_iters):
+            if stop and stop.get("signal"):
+                model.train()
+                return None
+            x, y = sampler.next_batch()
+            _, loss = model(to_device(x, device), to_device(y, device))
+            losses.append(loss.item())
+        out[split] = float(np.mean(losses))
+    model.train()
+    return out
+
+
+def _command(*args: str) -> str:
+    """How the user invoked us (gpt-train or python -m gpt.train), with args."""
+    prog = "gpt-train" if Path(sys.argv[0]).name == "gpt-train" else "python -m gpt.train"
+    return " ".join([prog, *map(shlex.quote, args)])
+
+
+def _resume_command(c: TrainConfig) -> str:
+    extra = ["--device", c.device] if c.device != "cpu" else []
+    return _command("--resume", "--out-dir", c.out_dir, *extra)
+
+
+# ----------------------------------------------------------------------------- the run
+def train(argv: list[str] | None, stop: dict) -> int:
+    """The training script; ``stop['signal']`` is set by the SIGINT/SIGTERM handler."""
+    err = sys.stderr
+    c, ckpt, control = resolve_config(argv)
+    validate(c)
+    out = Path(c.out_dir)
+    if ckpt is None and rc.has_checkpoint(out):
+        if not control["overwrite"]:
+            raise UsageError(f"{out} already holds a checkpoint: add --resume to continue it, "
+                             "--overwrite to start afresh, or choose another --out-dir")
+        for d in (out / rc.BEST_DIR, out):
+            (d / rc.CKPT_JSON).unlink(missing_ok=True)  # ckpt.json first: no half checkpoint
+            for f in [*d.glob("model-*.safetensors"), *d.glob("optim-*.safetensors")]:
+                f.unlink()
+    lr_decay_iters = c.lr_decay_iters or c.max_iters
+    tg.manual_seed(c.seed)
+
+    # -- data -----------------------------------------------------------------------------
+    fixed_tok = None
+    if ckpt is not None and c.init_from:
+        from .tokenizer import tokenizer_from_dict
+        fixed_tok = tokenizer_from_dict(ckpt["tokenizer"])
+    elif c.init_from:
+        from .tokenizer import load_tokenizer_dir
+        try:
+            fixed_tok = load_tokenizer_dir(c.init_from)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot load the tokenizer of {c.init_from}: {e}") from None
+    data_dir, meta, tok = load_data(c, fixed_tok)
+    if ckpt is not None and (ckpt.get("data", {}).get("source_hash") != meta["source_hash"]
+                             or ckpt.get("tokenizer") != tok.to_dict()):
+        raise UsageError(f"--resume: the training text or its tokenizer changed since the "
+                         f"checkpoint was written ({c.data or c.dataset}); resume needs the same")
+
+    # -- model and optimizer ----------------------------------------------------------------
+    model = None
+    if ckpt is not None:
+        model_config = GPTConfig.from_dict(ckpt["model_config"])
+    elif c.init_from:
+        model = _pretrained(c)
+        model_config = model.config
+    else:
+        model_config = GPTConfig.from_preset(c.preset, vocab_size=tok.vocab_size,
+                                             **_model_overrides(c))
+    if model_config.vocab_size < tok.vocab_size:
+        raise UsageError(f"the tokenizer has {tok.vocab_size} tokens but the model only "
+                         f"{model_config.vocab_size}")
+    T = model_config.block_size
+    for split in ("train", "val"):
+        if meta[f"{split}_tokens"] < T + 1:
+            raise UsageError(
+                f"block size {T} is larger than the data can fill: the {split} split has "
+                f"{meta[f'{split}_tokens']} tokens and one example needs {T + 1}; use a "
+                "smaller --block-size or more text"
+            )
+    model = model or GPT(model_config)
+    model.to(c.device)
+    optimizer = model.configure_optimizers(c.weight_decay, c.lr, (c.beta1, c.beta2))
+    samplers = {
+        "train": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed),
+        "val": BatchSampler(data_dir, "val", T, c.batch_size, seed=c.seed + 1),
+        # its own generator, so evaluating never changes the training batches
+        "train_eval": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed + 2),
+    }
+    start, best_val, val_loss, elapsed0, tokens_seen = 0, math.inf, None, 0.0, 0
+    if ckpt is not None:
+        ckpt, arrays, optim_state = rc.load(out)
+        if optim_state is None:
+            raise CheckpointError(f"the checkpoint in {out} has no optimizer state to resume")
+        try:
+            model.load_state_dict(arrays)
+            optimizer.load_state_dict(optim_state)
+            for name, s in samplers.items():
+                s.load_state_dict(ckpt["samplers"][name])
+            tg.set_rng_state(ckpt["rng"])
+        except (KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(f"the checkpoint in {out} does not fit this run ({e})") from None
+        for g, wd in zip(optimizer.param_groups, (c.weight_decay, 0.0)):  # flags may change
+            g["betas"], g["weight_decay"] = (c.beta1, c.beta2), wd  # these on resume
+        start, val_loss = ckpt["iter"], ckpt.get("val_loss")
+        best_val = ckpt.get("best_val_loss") or math.inf
+        elapsed0, tokens_seen = ckpt.get("elapsed_s", 0.0), ckpt.get("tokens_seen", 0)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
+
+    tokens_per_iter = c.batch_size * T * c.grad_accum
+    what = (f"GPT-2 from {c.init_from}" if c.init_from else f"preset {c.preset}")
+    print(f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens, "
+          f"{tok.kind} vocabulary of {tok.vocab_size} ({data_dir})", file=err)
+    n = model.num_params()
+    print(f"model: {f'{n / 1e6:.2f}M' if n >= 1e5 else f'{n:,}'} parameters ({what}: n_layer "
+          f"{model_config.n_layer}, n_head {model_config.n_head}, n_embd {model_config.n_embd}, "
+          f"block_size {T}, dropout {model_config.dropout})", file=err)
+    print(f"training: {c.max_iters} iterations of {c.batch_size} x {T} tokens x "
+          f"{c.grad_accum} accum = {tokens_per_iter:,} tokens, lr {c.lr} -> {c.min_lr}, "
+          f"on {c.device}; out: {out}" + (f"; resuming at iter {start}" if ckpt else ""),
+          file=err)
+
+    def checkpoint(it: int, best: bool = False) -> None:
+        state = {
+            "iter": it, "val_loss": val_loss, "best_val_loss": _jsonable(best_val),
+            "elapsed_s": elapsed0 + (time.time() - t0), "tokens_seen": tokens_seen,
+            "model_config": model_config.to_dict(), "train_config": dataclasses.asdict(c),
+            "rng": tg.get_rng_state(),
+            "samplers": {name: s.state_dict() for name, s in samplers.items()},
+            "data": {"dir": str(data_dir), "source_hash": meta["source_hash"]},
+            "tokenizer": tok.to_dict(),
+        }
+        rc.save(out, state, model, optimizer)
+        if best:
+            rc.save(out / rc.BEST_DIR, state, model)
+
+    # -- the loop -----------------------------------------------------------------------------
+    from tqdm import tqdm
+
+    t0 = time.time()
+    saved_at = start if ckpt is not None else None
+    params = list(model.parameters())
+    bar = tqdm(total=c.max_iters, initial=start, desc="train", unit="it", file=err,
+               dynamic_ncols=True, mininterval=0.5)
+    it = start
+    try:
+        while True:
+            if stop.get("signal"):
+                break
+            # evaluate and checkpoint (a resumed run did this before its checkpoint)
+            if (it % c.eval_interval == 0 or it == c.max_iters) and it != saved_at:
+                losses = estimate_loss(model, {"train": samplers["train_eval"],
+                                               "val": samplers["val"]}, c.eval_iters, c.device,
+                                       stop)
+                if losses is None:
+                    break
+                val_loss = losses["val"]
+                metrics.log(iter=it, train_loss=losses["train"], val_loss=val_loss)
+                note = ""
+                if it > 0:
+                    is_best = val_loss < best_val
+                    best_val = min(best_val, val_loss)
+                    checkpoint(it, best=is_best)
+                    saved_at = it
+                    note = " (best, saved)" if is_best else " (saved)"
+                bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss "
+                          f"{val_loss:.4f}{note}", file=err)
+                diag.plot_metrics(metrics.records, out / "loss.png")
+            if it >= c.max_iters:
+                break
+
+            # one optimizer step
+            t_step = time.time()
+            lr = cosine_lr(it, c.warmup_iters, lr_decay_iters, c.lr, c.min_lr)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            loss_sum = 0.0
+            for _ in range(c.grad_accum):
+                x, y = samplers["train"].next_batch()
+                _, loss = model(to_device(x, c.device), to_device(y, c.device))
+                loss_sum += loss.item()
+                if not math.isfinite(loss_sum):
+                    break
+                if c.grad_accum > 1:
+                    loss = loss * (1.0 / c.grad_accum)  # the step follows the mean gradient
+                loss.backward()
+            loss_val = loss_sum / c.grad_accum
+            if c.diagnose and it == start:
+                report = diag.grad_report(model)
+                bad = [r for r in report if r["status"] != diag.OK]
+                if bad:
+                    bar.write(f"DIAGNOSE: {len(bad)} of {len(report)} parameters get no usable "
+                              f"gradient at iter {it}:\n{diag.format_report(bad)}", file=err)
+                else:
+                    bar.write(f"DIAGNOSE: all {len(report)} parameters get a finite, nonzero "
+                              f"gradient at iter {it}", file=err)
+            want_diag = c.diagnose and it % c.eval_interval == 0
+            gnorms = diag.grad_norms(model) if want_diag else None
+            grad_norm = clip_grad_norm_(params, c.grad_clip) if math.isfinite(loss_val) else None
+            if not math.isfinite(loss_val) or not math.isfinite(grad_norm):
+                what = "loss" if not math.isfinite(loss_val) else "gradient norm"
+                value = loss_val if not math.isfinite(loss_val) else grad_norm
+                metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
+                            error=f"non-finite {what}")
+                bar.close()
+                if saved_at is None:
+                    advice = "no checkpoint was written yet; start again with a lower --lr"
+                else:
+                    advice = (f"the last good checkpoint (iter {saved_at}) in {out} is intact; "
+                              f"continue it with a lower learning rate: "
+                              f"{_resume_command(c)} --lr {c.lr / 2:g}")
+                print(f"gpt-train: error: non-finite {what} ({value}) at iter {it}; stopped "
+                      f"without saving: {advice}", file=err)
+                return EXIT_ERROR
+            before = diag.snapshot(model) if want_diag else None
+            optimizer.step()
+            optimizer.zero_grad()
+            if want_diag:
+                ratios = diag.update_ratios(before, diag.snapshot(model))
+                metrics.log(iter=it, diag={"grad_norm": gnorms, "update_ratio": ratios})
+            dt = time.time() - t_step
+            tokens_seen += tokens_per_iter
+            metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
+                        tokens_per_s=tokens_per_iter / dt, elapsed_s=elapsed0 + time.time() - t0)
+            it += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}",
+                            tok_s=f"{tokens_per_iter / dt:,.0f}", refresh=False)
+    finally:
+        bar.close()
+        metrics.close()
+
+    if stop.get("signal"):
+        name = signal.Signals(stop["signal"]).name
+        if saved_at != it:
+            checkpoint(it)
+        print(f"{name}: stopped at iter {it}; checkpoint saved in {out}. Resume with:\n"
+              f"  {_resume_command(c)}", file=err)
+        return EXIT_SIGINT if stop["signal"] == signal.SIGINT else EXIT_SIGTERM
+
+    # -- the end: final loss and a sample ------------------------------------------------------
+    if val_loss is None:
+        val_loss = estimate_loss(model, {"val": samplers["val"]}, c.eval_iters, c.device)["val"]
+    print(f"final val loss {val_loss:.4f} (best {best_val:.4f}) after {it} iterations; "
+          f"checkpoints in {out}")
+    if c.sample_tokens:
+        from .sample import start_ids, stream_sample
+
+        print("---------------- sample (temperature 0.8, top_k 200) ----------------")
+        stream_sample(model, tok, start_ids(tok, None), c.sample_tokens, temperature=0.8,
+                      top_k=200, seed=c.seed)
+        print("\n---------------------------------------------------------------------")
+    sample_cmd = "gpt-sample" if Path(sys.argv[0]).name == "gpt-train" else "python -m gpt.sample"
+    print(f"sample again: {sample_cmd} --out-dir {shlex.quote(str(out))}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run training; returns the exit status (0, 1 error, 2 usage, 130 SIGINT, 143 SIGTERM)."""
+    stop: dict = {}
+
+    def on_signal(signum, frame):
+        if stop.get("signal"):  # a second one: give up at once (the last checkpoint stands)
+            raise KeyboardInterrupt
+        stop["signal"] = signum
+        os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, then "
+                 "saving a checkpoint (Ctrl-C again to quit without saving)\n".encode())
+
+    previous = {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            previous[s] = signal.signal(s, on_signal)
+    except ValueError:  # not the main thread: no handlers, Ctrl-C raises as usual
+        pass
+    try:
+        return train(argv, stop)
+    except UsageError as e:
+        print(f"gpt-train: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DataError, CheckpointError) as e:
+        print(f"gpt-train: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as e:
+        print(f"gpt-train: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\ngpt-train: interrupted; the last checkpoint (if any) stands", file=sys.stderr)
+        return EXIT_SIGINT
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
