@@ -238,6 +238,7 @@ def prepare(
     tokenizer_kind: str = "char",
     vocab_size: int | None = None,
     val_fraction: float = 0.1,
+    tokenizer: Tokenizer | None = None,
 ) -> dict:
     """Tokenize `documents` into `out_dir` and return the meta dict (plus 'reused': bool).
 
@@ -246,9 +247,12 @@ def prepare(
     never seen in training. Each split is one stream, `doc0 EOT doc1 EOT ...`, stored flat as
     uint16 (uint32 when the vocabulary exceeds 65536) in train.bin / val.bin. The tokenizer is
     trained on all the text (char: its characters; bpe: `vocab_size` tokens, default 4096;
-    char takes no vocab_size). If meta.json shows the same documents, tokenizer and settings,
+    char takes no vocab_size). A ready-made ``tokenizer`` (GPT-2's, when fine-tuning) is used
+    as it is instead of training one. If meta.json shows the same documents, tokenizer and settings,
     and the files are intact, nothing is redone and the old meta is returned with reused=True.
     """
+    if tokenizer is not None:
+        tokenizer_kind, vocab_size = tokenizer.kind, None
     if tokenizer_kind not in _TOKENIZER_FILES:
         raise ValueError(f"tokenizer_kind must be 'char' or 'bpe', not {tokenizer_kind!r}")
     if tokenizer_kind == "char" and vocab_size is not None:
@@ -268,13 +272,18 @@ def prepare(
         "vocab_size_requested": vocab_size,
         "val_fraction": val_fraction,
     }
+    if tokenizer is not None:
+        blob = json.dumps(tokenizer.to_dict(), sort_keys=True).encode()
+        want["tokenizer_sha256"] = hashlib.sha256(blob).hexdigest()
     meta = _reusable(out, want)
     if meta is not None:
         return {**meta, "reused": True}
 
     texts = [text for _, text in documents]
     tok: Tokenizer
-    if tokenizer_kind == "char":
+    if tokenizer is not None:
+        tok = tokenizer
+    elif tokenizer_kind == "char":
         tok = CharTokenizer.train(texts)
     else:
         tok = BPETokenizer.train(texts, vocab_size)

@@ -342,47 +342,6 @@ def _model_overrides(c: TrainConfig) -> dict:
 
 
 # ----------------------------------------------------------------------------- data
-def _prepare_with_tokenizer(documents, out: Path, tok, val_fraction: float = 0.1) -> dict:
-    """data.prepare's layout (train.bin, val.bin, meta.json) for a tokenizer given from
-    outside (GPT-2's, when fine-tuning); reused when text and tokenizer are unchanged."""
-    from .data import source_hash
-
-    want = {"source_hash": source_hash(documents), "val_fraction": val_fraction,
-            "tokenizer_sha256": hashlib.sha256(
-                json.dumps(tok.to_dict(), sort_keys=True).encode()).hexdigest()}
-    try:
-        meta = json.loads((out / "meta.json").read_text("utf-8"))
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        if all(meta.get(k) == v for k, v in want.items()) and all(
-                (out / f"{s}.bin").stat().st_size == meta[f"{s}_tokens"] * itemsize
-                for s in ("train", "val")):
-            return {**meta, "reused": True}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
-    eot = np.array([tok.eot_token_id], dtype=dtype)
-    parts = {"train": [], "val": []}
-    for _, text in documents:
-        ids = np.array(tok.encode(text), dtype=dtype)
-        cut = len(ids) - round(len(ids) * val_fraction)
-        parts["train"] += [ids[:cut], eot]
-        parts["val"] += [ids[cut:], eot]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").unlink(missing_ok=True)
-    counts = {}
-    for split, chunks in parts.items():
-        stream = np.concatenate(chunks)
-        atomic_write_bytes(out / f"{split}.bin", stream.tobytes())
-        counts[split] = len(stream)
-    tok.save(out)
-    meta = {**want, "tokenizer": tok.kind, "vocab_size": tok.vocab_size,
-            "eot_token_id": tok.eot_token_id, "dtype": dtype.name,
-            "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "n_documents": len(documents)}
-    atomic_write_bytes(out / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
-    return {**meta, "reused": False}
-
-
 def _pretrained(c: TrainConfig) -> GPT:
     """GPT-2 from --init-from, with --dropout and a cropped --block-size applied."""
     model = GPT.from_pretrained(c.init_from)
@@ -414,8 +373,7 @@ def load_data(c: TrainConfig, fixed_tok=None) -> tuple[Path, dict, object]:
     if not (data_dir / "meta.json").exists():  # the first time can take a while
         print(f"preparing {c.data or c.dataset} into {data_dir} ...", file=sys.stderr)
     if fixed_tok is not None:
-        meta = _prepare_with_tokenizer(docs, data_dir, fixed_tok)
-        return data_dir, meta, fixed_tok
+        return data_dir, prepare(docs, data_dir, tokenizer=fixed_tok), fixed_tok
     meta = prepare(docs, data_dir, c.tokenizer, c.vocab_size)
     return data_dir, meta, load_tokenizer_from_dir(data_dir)
 
