@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tensorgrad.backend import get_array_module, to_device, to_numpy
+from tensorgrad.backend import get_array_module, kernels_for, to_device, to_numpy
 from tensorgrad.nn import Parameter
 
 
@@ -130,6 +130,11 @@ def adamw_update(x, g, m, v, *, lr: float, b1: float, b2: float, eps: float, wd:
     cost one trip through main memory instead of ten, and no full-size temporary is made.
     """
     xp = get_array_module(x)
+    K = kernels_for(xp, "adamw")
+    if K is not None and x.dtype == g.dtype == "float32":
+        # the same float32 operations in one fused CUDA pass
+        K.adamw_update(x, g, m, v, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, step=step)
+        return
     xf, mf, vf = x.reshape(-1), m.reshape(-1), v.reshape(-1)  # contiguous: views
     gf = g.reshape(-1)
     n = xf.size

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from . import backend as _backend
 from .backend import get_array_module
 
 _state = threading.local()
@@ -99,6 +100,8 @@ class Function:
 
         fn = cls()
         arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
+        if _backend._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
+            _backend.check_same_device(cls.__name__.lower(), arrays)
         out = fn.forward(*arrays, **kwargs)
         outs = out if cls.multi_output else (out,)
         record = is_grad_enabled() and any(

@@ -8,20 +8,27 @@ for, so ``import tensorgrad`` never touches it.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 _cupy = None  # the cupy module once imported, False if the import failed
 _cupy_error: str | None = None
+# (array type, module, device) of stand-in array modules registered by tests
+_registered: list = []
+# True once a second array module (CuPy or a registered one) can appear: only then do
+# array-module lookups and the mixed-device check in Function.apply do any work
+_multi = False
 
 CUDA_HINT = (
     "CUDA device requested but {why}. Install the GPU extra: "
-    'pip install -e ".[cuda]" (or the cupy-cudaXXx wheel matching your CUDA version)'
+    'pip install -e ".[cuda]" (CUDA 12) or -e ".[cuda13]" (CUDA 13, cupy-cuda13x)'
 )
 
 
 def _import_cupy():
     """Import CuPy once; return the module or None (with the reason kept)."""
-    global _cupy, _cupy_error
+    global _cupy, _cupy_error, _multi
     if _cupy is None:
         try:
             import cupy  # noqa: PLC0415  (lazy on purpose)
@@ -29,10 +36,13 @@ def _import_cupy():
             if cupy.cuda.runtime.getDeviceCount() < 1:
                 raise RuntimeError("no CUDA GPU was found")
             _cupy = cupy
+            _multi = True
         except Exception as e:  # ImportError, CUDARuntimeError, ...
             _cupy = False
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # one line
             _cupy_error = (
-                "CuPy is not installed" if isinstance(e, ImportError) else f"CuPy failed: {e}"
+                "CuPy is not installed" if isinstance(e, ModuleNotFoundError)
+                else f"CuPy failed: {first}"
             )
     return _cupy or None
 
@@ -48,17 +58,74 @@ def require_cupy():
     return cp
 
 
+def require_cublas():
+    """CuPy's cuBLAS bindings (for GEMMs with a chosen compute type)."""
+    require_cupy()
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    return cublas
+
+
 def get_array_module(*arrays):
     """NumPy or CuPy, whichever holds the arrays (NumPy for scalars)."""
-    if _cupy:
+    if _multi:
         for a in arrays:
-            if isinstance(a, _cupy.ndarray):
+            if _cupy and isinstance(a, _cupy.ndarray):
                 return _cupy
+            for t, module, _ in _registered:
+                if isinstance(a, t):
+                    return module
     return np
 
 
+def _device_or_none(a):
+    """'cpu' or 'cuda' for an array, None for anything else (scalars, None, tuples)."""
+    if _cupy and isinstance(a, _cupy.ndarray):
+        return "cuda"
+    for t, _, device in _registered:
+        if isinstance(a, t):
+            return device
+    if isinstance(a, np.ndarray):
+        return "cpu"
+    return None
+
+
 def device_of(array) -> str:
-    return "cuda" if (_cupy and isinstance(array, _cupy.ndarray)) else "cpu"
+    return (_device_or_none(array) or "cpu") if _multi else "cpu"
+
+
+def check_same_device(op: str, arrays) -> None:
+    """Raise naming both devices when the arrays given to one op live on different devices."""
+    first = None
+    for a in arrays:
+        d = _device_or_none(a)
+        if d is not None and first is not None and d != first:
+            raise RuntimeError(
+                f"{op}: expected all tensors on the same device, got {first} and {d}; "
+                "move them with .to(device) first"
+            )
+        first = first or d
+
+
+def register_array_module(array_type, module, device: str = "cuda"):
+    """Treat ``array_type`` arrays as living on ``device`` with ``module`` as their xp.
+
+    A stand-in for CuPy in CPU tests (tests/test_backend_dispatch.py). Returns a function
+    that removes the registration again.
+    """
+    global _multi
+    entry = (array_type, module, parse_device(device))
+    _registered.insert(0, entry)
+    _multi = True
+    generators.reset_device()
+
+    def unregister():
+        global _multi
+        _registered.remove(entry)
+        _multi = bool(_cupy) or bool(_registered)
+        generators.reset_device()
+
+    return unregister
 
 
 def parse_device(device) -> str:
@@ -74,7 +141,12 @@ def parse_device(device) -> str:
 
 def xp_for(device) -> object:
     """The array module for a device name."""
-    return require_cupy() if parse_device(device) == "cuda" else np
+    if parse_device(device) == "cpu":
+        return np
+    for _, module, d in _registered:
+        if d == "cuda":
+            return module
+    return require_cupy()
 
 
 def to_device(array, device):
@@ -83,12 +155,13 @@ def to_device(array, device):
     if device == device_of(array):
         return array
     if device == "cuda":
-        return require_cupy().asarray(array)
+        return xp_for("cuda").asarray(array)
     return array.get()
 
 
 def to_numpy(array) -> np.ndarray:
-    return array.get() if device_of(array) == "cuda" else np.asarray(array)
+    """A host copy (or the array itself when it is already a NumPy array)."""
+    return array.get() if device_of(array) != "cpu" else np.asarray(array)
 
 
 # ----------------------------------------------------------------------------- random numbers
@@ -109,9 +182,13 @@ class _Generators:
         if parse_device(device) == "cpu":
             return self.cpu
         if self._cuda is None:
-            cp = require_cupy()
-            self._cuda = cp.random.Generator(cp.random.XORWOW(self.seed))
+            xp = xp_for("cuda")  # CuPy (or a registered stand-in with the same API)
+            self._cuda = xp.random.Generator(xp.random.XORWOW(self.seed))
         return self._cuda
+
+    def reset_device(self):
+        """Forget the GPU generator (it restarts from the seed when next asked for)."""
+        self._cuda = None
 
 
 generators = _Generators()
@@ -134,3 +211,65 @@ def get_rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     generators.manual_seed(state["seed"])
     generators.cpu.bit_generator.state = state["cpu"]
+
+
+# ----------------------------------------------------------------------------- GPU execution
+def errstate(xp, **kwargs):
+    """``xp.errstate(**kwargs)`` where the module has one (NumPy); a no-op context otherwise
+    (GPU arithmetic never warns)."""
+    es = getattr(xp, "errstate", None)
+    return es(**kwargs) if es is not None else contextlib.nullcontext()
+
+
+FUSED_KERNELS = ("gelu", "layer_norm", "softmax", "cross_entropy", "embedding", "attention",
+                 "adamw")
+_fused = set(FUSED_KERNELS)
+
+
+def set_fused_kernels(enabled: bool = True, names=None) -> None:
+    """Turn the fused CUDA kernels (all, or the named ones) on or off; off runs the NumPy-style
+    implementations on CuPy instead (the reference the kernels are tested against)."""
+    names = FUSED_KERNELS if names is None else tuple(names)
+    unknown = sorted(set(names) - set(FUSED_KERNELS))
+    if unknown:
+        raise ValueError(f"unknown fused kernels {unknown}; choose from {list(FUSED_KERNELS)}")
+    if enabled:
+        _fused.update(names)
+    else:
+        _fused.difference_update(names)
+
+
+def kernels_for(xp, name: str):
+    """tensorgrad.cuda_kernels when ``xp`` is CuPy and the kernel ``name`` is on, else None."""
+    if xp is np or not _cupy or xp is not _cupy or name not in _fused:
+        return None
+    from . import cuda_kernels  # noqa: PLC0415
+
+    return cuda_kernels
+
+
+MATMUL_PRECISIONS = ("highest", "tf32", "bf16")
+_matmul_precision = "highest"
+
+
+def set_matmul_precision(precision: str) -> None:
+    """How float32 matmuls run on the GPU: 'highest' (float32 products), 'tf32' or 'bf16'
+    (tensor cores with inputs rounded to TF32 / bfloat16, float32 accumulation). Weights,
+    activations and optimizer state stay float32 in every mode; the CPU always uses float32."""
+    global _matmul_precision
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
+    _matmul_precision = precision
+
+
+def get_matmul_precision() -> str:
+    return _matmul_precision
+
+
+def matmul(x, y):
+    """x @ y, through cuBLAS with the compute type of ``set_matmul_precision`` on the GPU."""
+    if _matmul_precision != "highest" and _cupy and isinstance(x, _cupy.ndarray):
+        from . import cuda_kernels  # noqa: PLC0415
+
+        return cuda_kernels.matmul(x, y, _matmul_precision)
+    return x @ y

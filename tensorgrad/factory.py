@@ -110,10 +110,11 @@ def where(condition, x, y) -> Tensor:
     if c.dtype != np.bool_:
         raise TypeError(f"where: condition must be boolean, got {c.dtype}")
     ref = x if isinstance(x, Tensor) else y
+    dev = ref.device if isinstance(ref, Tensor) else None  # scalars join the tensor's device
     if not isinstance(x, Tensor):
-        x = Tensor(as_array(x, dtype=getattr(ref, "dtype", None)))
+        x = Tensor(as_array(x, dtype=getattr(ref, "dtype", None), device=dev))
     if not isinstance(y, Tensor):
-        y = Tensor(as_array(y, dtype=x.dtype))
+        y = Tensor(as_array(y, dtype=x.dtype, device=dev))
     _same_device("where", [x, y])
     return Where.apply(c, x, y)
 

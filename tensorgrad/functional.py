@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .autograd import Function, unbroadcast
-from .backend import get_array_module, rng
+from .backend import errstate, get_array_module, kernels_for, matmul, rng
 from .ops.linalg import Linear
 from .tensor import Tensor, as_array
 
@@ -22,9 +22,13 @@ class Softmax(Function):
     def forward(self, x, dim=-1):
         xp = get_array_module(x)
         self.dim = dim
-        y = x - x.max(axis=dim, keepdims=True)
-        xp.exp(y, out=y)
-        y /= y.sum(axis=dim, keepdims=True)
+        K = kernels_for(xp, "softmax")
+        if K is not None and K.softmax_supported(x, dim):
+            y = K.softmax_forward(x)  # one CUDA block per row
+        else:
+            y = x - x.max(axis=dim, keepdims=True)
+            xp.exp(y, out=y)
+            y /= y.sum(axis=dim, keepdims=True)
         self.save(y)
         return y
 
@@ -75,31 +79,40 @@ class CrossEntropy(Function):
             bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
             raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
         rows = xp.arange(n)
-        m = x.max(axis=1, keepdims=True)
-        p = x - m
-        xp.exp(p, out=p)
-        s = p.sum(axis=1, keepdims=True)
-        p /= s
-        logp = x[rows, t] - m[:, 0] - xp.log(s[:, 0])
+        K = kernels_for(xp, "cross_entropy")
+        self.kernels = K if K is not None and K.cross_entropy_supported(x) else None
+        if self.kernels is not None:
+            nll, lse = K.cross_entropy_forward(x, t)  # logsumexp(row) - x[t]; no (N, C) probs
+            logp = -nll
+            self.save(x, lse)
+        else:
+            m = x.max(axis=1, keepdims=True)
+            p = x - m
+            xp.exp(p, out=p)
+            s = p.sum(axis=1, keepdims=True)
+            p /= s
+            logp = x[rows, t] - m[:, 0] - xp.log(s[:, 0])
+            self.save(p)
         losses = xp.where(valid, -logp, xp.zeros((), x.dtype))
         self.reduction = reduction
-        self.save(p)
         self.t, self.valid, self.rows = t, valid, rows
         if reduction == "none":
             return losses
         if reduction == "sum":
             return losses.sum()
         self.count = valid.sum()
-        with xp.errstate(invalid="ignore", divide="ignore"):  # all ignored: NaN, as PyTorch
+        with errstate(xp, invalid="ignore", divide="ignore"):  # all ignored: NaN, as PyTorch
             return losses.sum() / self.count.astype(x.dtype)
 
     def backward(self, g):
-        (p,) = self.saved
+        p = self.saved[0]  # the probabilities (the logits when fused)
         coef = self.valid.astype(p.dtype)
         if self.reduction == "mean":
             coef *= g / self.count.astype(p.dtype)
         else:
             coef *= g
+        if self.kernels is not None:
+            return self.kernels.cross_entropy_backward(p, self.t, self.saved[1], coef)
         gx = p * coef[:, None]
         gx[self.rows, self.t] -= coef
         return gx
@@ -143,6 +156,13 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
 class LayerNorm(Function):
     def forward(self, x, w, b, nd=1, eps=1e-5):
         xp = get_array_module(x)
+        K = kernels_for(xp, "layer_norm")
+        self.kernels = K if K is not None and K.layer_norm_supported(x, w, b) else None
+        self.has_w, self.has_b, self.nd = w is not None, b is not None, nd
+        if self.kernels is not None:
+            y, mean, rstd = K.layer_norm_forward(x, w, b, nd, eps)  # one CUDA block per row
+            self.save(x, mean, rstd, w)
+            return y
         axes = tuple(range(x.ndim - nd, x.ndim))
         xc = x - x.mean(axis=axes, keepdims=True)
         var = (xc * xc).mean(axis=axes, keepdims=True)
@@ -153,10 +173,13 @@ class LayerNorm(Function):
             y += b
         self.axes, self.lead = axes, tuple(range(x.ndim - nd))
         self.save(xc, rstd, w)
-        self.has_w, self.has_b = w is not None, b is not None
         return y
 
     def backward(self, g):
+        if self.kernels is not None:
+            x, mean, rstd, w = self.saved
+            return self.kernels.layer_norm_backward(g, x, w, mean, rstd, self.nd, self.has_w,
+                                                    self.has_b)
         xhat, rstd, w = self.saved
         gw = (g * xhat).sum(axis=self.lead) if self.has_w else None
         gb = g.sum(axis=self.lead) if self.has_b else None
@@ -206,6 +229,11 @@ class Gelu(Function):
     def forward(self, x, approximate="tanh"):
         xp = get_array_module(x)
         self.approximate = approximate
+        K = kernels_for(xp, "gelu")
+        self.kernels = K if K is not None and K.gelu_supported(x) else None
+        if self.kernels is not None:
+            self.save(x)  # backward recomputes tanh / erf from x in the same single pass
+            return K.gelu_forward(x, approximate)
         if approximate == "tanh":
             # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
             u = xp.multiply(x, x, out=xp.empty_like(x))  # an array even for 0-d x (out= below)
@@ -224,6 +252,8 @@ class Gelu(Function):
         return x * cdf
 
     def backward(self, g):
+        if self.kernels is not None:
+            return self.kernels.gelu_backward(g, self.saved[0], self.approximate)
         x, a = self.saved
         xp = get_array_module(x)
         if self.approximate == "tanh":
@@ -295,14 +325,18 @@ class Embedding(Function):
 
     def backward(self, g):
         xp = get_array_module(g)
+        K = kernels_for(xp, "embedding")
+        if K is not None and g.dtype == "float32":
+            return K.embedding_backward(self.idx, g, self.wshape), None  # deterministic sums
         gw = xp.zeros(self.wshape, dtype=g.dtype)
         idx = self.idx.reshape(-1)
         g2 = g.reshape(-1, self.wshape[1])
-        if hasattr(xp.add, "reduceat") and idx.size:
+        if xp.__name__ == "numpy" and idx.size:
             # sort rows by index and sum runs: much faster than add.at on CPU
             order = xp.argsort(idx, kind="stable")
             sidx = idx[order]
-            starts = xp.flatnonzero(xp.concatenate(([True], sidx[1:] != sidx[:-1])))
+            first = xp.concatenate((xp.ones(1, dtype=bool), sidx[1:] != sidx[:-1]))
+            starts = xp.flatnonzero(first)
             gw[sidx[starts]] = xp.add.reduceat(g2[order], starts, axis=0)
         else:
             xp.add.at(gw, idx, g2)
@@ -341,7 +375,16 @@ class Attention(Function):
                 f"v {tuple(v.shape)} do not line up"
             )
         self.scale = q.dtype.type(1 / math.sqrt(E) if scale is None else scale)
-        s = q @ k.swapaxes(-1, -2)
+        self.shapes = (q.shape, k.shape, v.shape)
+        K = kernels_for(xp, "attention")
+        self.kernels = K if K is not None and K.flash_supported(q, k, v, mask, dropout_p) else None
+        if self.kernels is not None:
+            # tiled online softmax: keeps the logsumexp per query, never the (L, S) scores
+            o, lse = K.flash_attention_forward(q, k, v, is_causal, float(self.scale))
+            self.is_causal = is_causal
+            self.save(q, k, v, o, lse)
+            return o
+        s = matmul(q, k.swapaxes(-1, -2))
         s *= self.scale
         allowed = causal_mask(xp, L, S) if is_causal else None
         if mask is not None:
@@ -366,23 +409,28 @@ class Attention(Function):
             keep = rng(device_of(q)).random(s.shape, dtype=s.dtype) >= dropout_p
             self.drop = keep.astype(s.dtype) * s.dtype.type(1 / (1 - dropout_p))
         self.save(q, k, v, s)
-        self.shapes = (q.shape, k.shape, v.shape)
-        return (s * self.drop if self.drop is not None else s) @ v
+        return matmul(s * self.drop if self.drop is not None else s, v)
 
     def backward(self, g):
+        sq, sk, sv = self.shapes
+        if self.kernels is not None:
+            q, k, v, o, lse = self.saved
+            gq, gk, gv = self.kernels.flash_attention_backward(
+                q, k, v, o, lse, g, self.is_causal, float(self.scale)
+            )
+            return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
         q, k, v, p = self.saved
         pd = p * self.drop if self.drop is not None else p
-        gv = pd.swapaxes(-1, -2) @ g
-        gp = g @ v.swapaxes(-1, -2)
+        gv = matmul(pd.swapaxes(-1, -2), g)
+        gp = matmul(g, v.swapaxes(-1, -2))
         if self.drop is not None:
             gp *= self.drop
         # softmax backward, in place: gs = p * (gp - sum(gp * p))
         gp -= (gp * p).sum(axis=-1, keepdims=True)
         gp *= p
         gp *= self.scale
-        gq = gp @ k
-        gk = gp.swapaxes(-1, -2) @ q
-        sq, sk, sv = self.shapes
+        gq = matmul(gp, k)
+        gk = matmul(gp.swapaxes(-1, -2), q)
         return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
 
 

@@ -28,24 +28,26 @@ def as_array(x, dtype=None, device=None):
         return x.data
     if device is not None and parse_device(device) == "cuda":
         return xp_for("cuda").asarray(x, dtype=dtype)
-    if type(x).__module__.startswith("cupy"):
-        return x
+    if device_of(x) != "cpu":  # already a GPU array (CuPy, or a registered stand-in)
+        return x if dtype is None else x.astype(dtype, copy=False)
     return np.asarray(x, dtype=dtype)
 
 
-def _index_key(key):
-    """Replace Tensors inside an index by their arrays."""
-    if isinstance(key, tuple):
-        # lists become arrays, so that backward sees integer arrays and accumulates repeats
-        return tuple(
-            k.data if isinstance(k, Tensor) else np.asarray(k) if isinstance(k, list) else k
-            for k in key
-        )
-    if isinstance(key, Tensor):
-        return key.data
-    if isinstance(key, list):
-        return np.asarray(key)
-    return key
+def _index_key(key, xp=np):
+    """Replace Tensors inside an index by their arrays.
+
+    Lists become ``xp`` arrays (so that backward sees integer arrays and accumulates
+    repeats), and so do NumPy index arrays used on a GPU tensor.
+    """
+
+    def one(k):
+        if isinstance(k, Tensor):
+            return k.data
+        if isinstance(k, list) or (xp is not np and isinstance(k, np.ndarray)):
+            return xp.asarray(k)
+        return k
+
+    return tuple(one(k) for k in key) if isinstance(key, tuple) else one(key)
 
 
 def _dims(args):
@@ -390,7 +392,11 @@ class Tensor:
                 "item assignment into a tensor that takes part in autograd is not supported; "
                 "build the result with tg.where, masked_fill or tg.cat, or use tg.no_grad()"
             )
-        self.data[_index_key(key)] = value.data if isinstance(value, Tensor) else value
+        xp = get_array_module(self.data)
+        v = value.data if isinstance(value, Tensor) else value
+        if isinstance(v, (list, tuple, np.ndarray)) and xp is not np:
+            v = xp.asarray(v)  # host values written into a GPU tensor
+        self.data[_index_key(key, xp)] = v
         self._version[0] += 1
 
     # ------------------------------------------------------------------ unary math
@@ -560,7 +566,7 @@ class Tensor:
     def __getitem__(self, key):
         from .ops.shape import GetItem
 
-        out = GetItem.apply(self, _index_key(key))
+        out = GetItem.apply(self, _index_key(key, get_array_module(self.data)))
         if get_array_module(self.data).may_share_memory(out.data, self.data):
             self._view_of(out)  # basic indexing is a view: in-place writes must show up
         return out

@@ -7,7 +7,7 @@ dtype (NumPy's weak scalar promotion), so float32 stays float32.
 from __future__ import annotations
 
 from ..autograd import Function, unbroadcast
-from ..backend import get_array_module
+from ..backend import errstate, get_array_module
 
 
 def _shape(a):
@@ -86,7 +86,7 @@ class Pow(_Binary):
             gx = g * y * x ** (y - 1) if y != 2 else g * 2 * x
             return self.reduce(gx, None)
         gx = g * y * x ** (y - 1)
-        with xp.errstate(divide="ignore", invalid="ignore"):
+        with errstate(xp, divide="ignore", invalid="ignore"):
             # a Python-scalar base makes a float64 0-d array here: keep g's dtype
             gy = g * out * xp.log(xp.where(x > 0, x, 1)).astype(g.dtype, copy=False)
         return self.reduce(gx, gy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..autograd import Function, unbroadcast
+from ..backend import matmul  # x @ y, or cuBLAS in TF32/BF16 mode on the GPU
 
 
 def _mT(a):
@@ -21,7 +22,7 @@ class MatMul(Function):
                 f"({x.shape[-1]} != {y.shape[-2 if y.ndim > 1 else 0]})"
             )
         try:
-            out = x @ y
+            out = matmul(x, y)
         except ValueError:
             raise ValueError(
                 f"matmul: batch shapes of {tuple(x.shape)} and {tuple(y.shape)} cannot be "
@@ -38,8 +39,8 @@ class MatMul(Function):
             g = g[..., None]
         if x.ndim == 1:
             g = g[..., None, :]  # after y's axis, so a 0-d g (vector @ vector) works too
-        gx = g @ _mT(y2)
-        gy = _mT(x2) @ g
+        gx = matmul(g, _mT(y2))
+        gy = matmul(_mT(x2), g)
         if x.ndim == 1:
             gx = gx.reshape(gx.shape[:-2] + (gx.shape[-1],))
         if y.ndim == 1:
@@ -57,7 +58,7 @@ class Linear(Function):
                 f"{tuple(w.shape)} (in_features = {w.shape[1]})"
             )
         x2 = x.reshape(-1, x.shape[-1])
-        y = x2 @ w.T
+        y = matmul(x2, w.T)
         if b is not None:
             y += b
         self.save(x, w)
@@ -69,7 +70,7 @@ class Linear(Function):
         x, w = self.saved
         x2 = x.reshape(-1, x.shape[-1])
         g2 = g.reshape(-1, g.shape[-1])
-        gx = (g2 @ w).reshape(*self.lead, w.shape[1])
-        gw = g2.T @ x2
+        gx = matmul(g2, w).reshape(*self.lead, w.shape[1])
+        gw = matmul(g2.T, x2)
         gb = g2.sum(axis=0) if self.has_b else None
         return gx, gw, gb

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..autograd import Function
-from ..backend import get_array_module
+from ..backend import errstate, get_array_module
 
 
 def normalize_dims(dim, ndim: int) -> tuple:
@@ -70,7 +70,7 @@ class Var(Function):
         self.denom = max(n - correction, 0)
         xc = x - x.mean(axis=self.axes, keepdims=True)
         self.save(xc)
-        with xp.errstate(divide="ignore", invalid="ignore"):
+        with errstate(xp, divide="ignore", invalid="ignore"):
             return (xc * xc).sum(axis=self.axes, keepdims=keepdim) / x.dtype.type(self.denom)
 
     def backward(self, g):
