@@ -11,9 +11,51 @@ from __future__ import annotations
 import math
 
 from .autograd import Function, unbroadcast
-from .backend import errstate, get_array_module, kernels_for, matmul, rng
+from .backend import device_of, errstate, get_array_module, kernels_for, matmul, rng
 from .ops.linalg import Linear
+from .parallel import chunked, n_chunks
 from .tensor import Tensor, as_array
+
+
+def _cpu(xp) -> bool:
+    """True for NumPy: chunk the passes for the cache and the threads (GPU: one pass)."""
+    return getattr(xp, "__name__", "") == "numpy"
+
+
+def _contig(xp, a):
+    """a, or a C-contiguous copy (unlike ascontiguousarray, keeps 0-d arrays 0-d)."""
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def _rows(a):
+    """a as (rows, last dim) (a view for contiguous arrays)."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+
+
+def _softmax_rows(xp, x2, y2, cpu):
+    """y2 = softmax(x2) along the last axis, chunk by chunk (y2 may be x2)."""
+
+    def body(i, s, e):
+        ys = y2[s:e]
+        xp.subtract(x2[s:e], x2[s:e].max(axis=1, keepdims=True), out=ys)
+        xp.exp(ys, out=ys)
+        ys /= ys.sum(axis=1, keepdims=True)
+
+    chunked(body, x2.shape[0], x2.shape[1], cpu=cpu)
+
+
+def _softmax_rows_backward(xp, g2, y2, out2, cpu, scale=None):
+    """out2 = y2 * (g2 - sum(g2 * y2)) [* scale] row by row (out2 may be g2)."""
+
+    def body(i, s, e):
+        gs, ys, o = g2[s:e], y2[s:e], out2[s:e]
+        dot = xp.einsum("ij,ij->i", gs, ys)
+        xp.subtract(gs, dot[:, None], out=o)
+        o *= ys
+        if scale is not None:
+            o *= scale
+
+    chunked(body, g2.shape[0], g2.shape[1], cpu=cpu)
 
 # ----------------------------------------------------------------------------- softmax family
 
@@ -25,6 +67,9 @@ class Softmax(Function):
         K = kernels_for(xp, "softmax")
         if K is not None and K.softmax_supported(x, dim):
             y = K.softmax_forward(x)  # one CUDA block per row
+        elif dim in (-1, x.ndim - 1):
+            y = xp.empty_like(x)
+            _softmax_rows(xp, _rows(x), _rows(y), _cpu(xp))
         else:
             y = x - x.max(axis=dim, keepdims=True)
             xp.exp(y, out=y)
@@ -34,6 +79,12 @@ class Softmax(Function):
 
     def backward(self, g):
         (y,) = self.saved
+        xp = get_array_module(g)
+        if self.dim in (-1, y.ndim - 1):
+            gx = xp.empty_like(y)
+            _softmax_rows_backward(xp, _rows(_contig(xp, g)), _rows(y), _rows(gx),
+                                   _cpu(xp))
+            return gx
         gx = g * y
         gx -= y * gx.sum(axis=self.dim, keepdims=True)
         return gx
@@ -86,12 +137,23 @@ class CrossEntropy(Function):
             logp = -nll
             self.save(x, lse)
         else:
-            m = x.max(axis=1, keepdims=True)
-            p = x - m
-            xp.exp(p, out=p)
-            s = p.sum(axis=1, keepdims=True)
-            p /= s
-            logp = x[rows, t] - m[:, 0] - xp.log(s[:, 0])
+            # probabilities and logsumexp per row, one cache-sized chunk at a time
+            p = xp.empty_like(x)
+            # logsumexp = m + log(tot), kept apart: x[t] - m is exact even for logits of 1e4
+            mx, logtot = xp.empty(n, dtype=x.dtype), xp.empty(n, dtype=x.dtype)
+
+            def body(i, s, e):
+                xs, ps = x[s:e], p[s:e]
+                m = xs.max(axis=1, keepdims=True)
+                xp.subtract(xs, m, out=ps)
+                xp.exp(ps, out=ps)
+                tot = ps.sum(axis=1, keepdims=True)
+                ps /= tot
+                mx[s:e] = m[:, 0]
+                logtot[s:e] = xp.log(tot[:, 0])
+
+            chunked(body, n, c, cpu=_cpu(xp))
+            logp = (x[rows, t] - mx) - logtot
             self.save(p)
         losses = xp.where(valid, -logp, xp.zeros((), x.dtype))
         self.reduction = reduction
@@ -113,7 +175,10 @@ class CrossEntropy(Function):
             coef *= g
         if self.kernels is not None:
             return self.kernels.cross_entropy_backward(p, self.t, self.saved[1], coef)
-        gx = p * coef[:, None]
+        xp = get_array_module(p)
+        gx = xp.empty_like(p)
+        chunked(lambda i, s, e: xp.multiply(p[s:e], coef[s:e, None], out=gx[s:e]),
+                p.shape[0], p.shape[1], cpu=_cpu(xp))
         gx[self.rows, self.t] -= coef
         return gx
 
@@ -163,17 +228,34 @@ class LayerNorm(Function):
             y, mean, rstd = K.layer_norm_forward(x, w, b, nd, eps)  # one CUDA block per row
             self.save(x, mean, rstd, w)
             return y
-        axes = tuple(range(x.ndim - nd, x.ndim))
-        xc = x - x.mean(axis=axes, keepdims=True)
-        var = (xc * xc).mean(axis=axes, keepdims=True)
-        rstd = 1 / xp.sqrt(var + x.dtype.type(eps))
-        xc *= rstd  # xc is now x-hat
-        y = xc * w if w is not None else xc.copy()
-        if b is not None:
-            y += b
-        self.axes, self.lead = axes, tuple(range(x.ndim - nd))
-        self.save(xc, rstd, w)
-        return y
+        # over rows of the trailing nd dims, one cache-sized chunk of rows at a time
+        C = math.prod(x.shape[x.ndim - nd :])
+        x2 = _contig(xp, x).reshape(-1, C)
+        w1 = None if w is None else w.reshape(C)
+        b1 = None if b is None else b.reshape(C)
+        xhat, y = xp.empty_like(x2), xp.empty_like(x2)
+        rstd = xp.empty((x2.shape[0], 1), dtype=x.dtype)
+        eps = x.dtype.type(eps)
+
+        def body(i, s, e):
+            xs, xh, ys = x2[s:e], xhat[s:e], y[s:e]
+            xp.subtract(xs, xs.mean(axis=1, keepdims=True), out=xh)
+            var = xp.einsum("ij,ij->i", xh, xh) / x.dtype.type(C)
+            r = rstd[s:e]
+            xp.sqrt(var[:, None] + eps, out=r)
+            xp.divide(1, r, out=r)
+            xh *= r  # x-hat
+            if w1 is not None:
+                xp.multiply(xh, w1, out=ys)
+            else:
+                ys[...] = xh
+            if b1 is not None:
+                ys += b1
+
+        chunked(body, x2.shape[0], C, cpu=_cpu(xp))
+        self.save(xhat, rstd, w)
+        self.shape = x.shape
+        return y.reshape(x.shape)
 
     def backward(self, g):
         if self.kernels is not None:
@@ -181,13 +263,37 @@ class LayerNorm(Function):
             return self.kernels.layer_norm_backward(g, x, w, mean, rstd, self.nd, self.has_w,
                                                     self.has_b)
         xhat, rstd, w = self.saved
-        gw = (g * xhat).sum(axis=self.lead) if self.has_w else None
-        gb = g.sum(axis=self.lead) if self.has_b else None
-        gxh = g * w if self.has_w else g
-        gx = gxh - gxh.mean(axis=self.axes, keepdims=True)
-        gx -= xhat * (gxh * xhat).mean(axis=self.axes, keepdims=True)
-        gx *= rstd
-        return gx, gw, gb
+        xp = get_array_module(xhat)
+        n, C = xhat.shape
+        g2 = _contig(xp, g).reshape(n, C)
+        w1 = None if w is None else w.reshape(C)
+        gx = xp.empty_like(g2)
+        cpu = _cpu(xp)
+        parts = n_chunks(n, C) if cpu else 1
+        gw_part = xp.zeros((parts, C), dtype=g.dtype)  # per-chunk sums, added at the end
+        gb_part = xp.zeros((parts, C), dtype=g.dtype)
+
+        def body(i, s, e):
+            gs, xh, o = g2[s:e], xhat[s:e], gx[s:e]
+            xp.multiply(gs, xh, out=o)
+            gw_part[i] = o.sum(axis=0)
+            gb_part[i] = gs.sum(axis=0)
+            if w1 is not None:
+                xp.multiply(gs, w1, out=o)  # ∂L/∂x-hat
+            else:
+                o[...] = gs
+            # ∂L/∂x = rstd·(gxh - mean(gxh) - x-hat·mean(gxh·x-hat))
+            a = o.mean(axis=1, keepdims=True)
+            c = xp.einsum("ij,ij->i", o, xh)[:, None] / g.dtype.type(C)
+            o -= a
+            o -= xh * c
+            o *= rstd[s:e]
+
+        chunked(body, n, C, cpu=cpu)
+        wshape = self.shape[len(self.shape) - self.nd :]
+        gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
+        gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
+        return gx.reshape(self.shape), gw, gb
 
 
 def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
@@ -235,17 +341,25 @@ class Gelu(Function):
             self.save(x)  # backward recomputes tanh / erf from x in the same single pass
             return K.gelu_forward(x, approximate)
         if approximate == "tanh":
-            # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
-            u = xp.multiply(x, x, out=xp.empty_like(x))  # an array even for 0-d x (out= below)
-            u *= _GELU_C
-            u += 1
-            u *= x
-            u *= _SQRT_2_OVER_PI
-            xp.tanh(u, out=u)
-            self.save(x, u)
-            y = u + 1
-            y *= x
-            y *= 0.5
+            # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), keeping t = tanh(...) for backward
+            xc = _contig(xp, x)
+            x1, y, t = xc.reshape(-1), xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
+            y1, t1 = y.reshape(-1), t.reshape(-1)
+
+            def body(i, s, e):
+                xs, u, ys = x1[s:e], t1[s:e], y1[s:e]
+                xp.multiply(xs, xs, out=u)
+                u *= _GELU_C
+                u += 1
+                u *= xs
+                u *= _SQRT_2_OVER_PI
+                xp.tanh(u, out=u)
+                xp.add(u, 1, out=ys)
+                ys *= xs
+                ys *= 0.5
+
+            chunked(body, x1.size, 1, cpu=_cpu(xp))
+            self.save(xc, t)
             return y
         cdf = 0.5 * (1 + erf(xp, x * (1 / math.sqrt(2.0))))
         self.save(x, cdf)
@@ -258,15 +372,28 @@ class Gelu(Function):
         xp = get_array_module(x)
         if self.approximate == "tanh":
             # d/dx = 0.5(1+t) + 0.5·x·(1-t²)·√(2/π)·(1 + 3·0.044715·x²)
-            inner = x * x
-            inner *= 3 * _GELU_C
-            inner += 1
-            inner *= x
-            inner *= 0.5 * _SQRT_2_OVER_PI
-            inner *= 1 - a * a
-            inner += 0.5 * (1 + a)
-            inner *= g
-            return inner
+            x1, t1 = x.reshape(-1), a.reshape(-1)
+            g1 = _contig(xp, g).reshape(-1)
+            gx = xp.empty(x.shape, x.dtype)
+            o1 = gx.reshape(-1)
+
+            def body(i, s, e):
+                xs, ts, o = x1[s:e], t1[s:e], o1[s:e]
+                b = xp.multiply(ts, ts)
+                xp.subtract(1, b, out=b)  # 1 - t²
+                xp.multiply(xs, xs, out=o)
+                o *= 3 * _GELU_C
+                o += 1
+                o *= xs
+                o *= 0.5 * _SQRT_2_OVER_PI
+                o *= b
+                xp.add(ts, 1, out=b)
+                b *= 0.5
+                o += b
+                o *= g1[s:e]
+
+            chunked(body, x1.size, 1, cpu=_cpu(xp))
+            return gx
         # d/dx x·Φ(x) = Φ(x) + x·φ(x)
         pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
         return g * (a + x * pdf)
@@ -285,9 +412,6 @@ def relu(x: Tensor) -> Tensor:
 
 class Dropout(Function):
     def forward(self, x, p=0.5):
-        xp = get_array_module(x)
-        from .backend import device_of
-
         keep = rng(device_of(x)).random(x.shape, dtype=x.dtype) >= p
         self.mask = keep.astype(x.dtype) * x.dtype.type(1 / (1 - p))
         return x * self.mask
@@ -394,18 +518,19 @@ class Attention(Function):
                 s += mask
         if allowed is not None:
             xp.copyto(s, q.dtype.type(-xp.inf), where=~allowed)
-        m = s.max(axis=-1, keepdims=True)
-        # a query with every key masked gets zero output (not NaN)
-        m = xp.where(xp.isfinite(m), m, q.dtype.type(0))
-        s -= m
-        xp.exp(s, out=s)
-        den = s.sum(axis=-1, keepdims=True)
-        den[den == 0] = 1
-        s /= den
+        if allowed is None and mask is None:
+            _softmax_rows(xp, _rows(s), _rows(s), _cpu(xp))  # no row can be fully masked
+        else:
+            m = s.max(axis=-1, keepdims=True)
+            # a query with every key masked gets zero output (not NaN)
+            m = xp.where(xp.isfinite(m), m, q.dtype.type(0))
+            s -= m
+            xp.exp(s, out=s)
+            den = s.sum(axis=-1, keepdims=True)
+            den[den == 0] = 1
+            s /= den
         self.drop = None
         if dropout_p > 0.0:
-            from .backend import device_of
-
             keep = rng(device_of(q)).random(s.shape, dtype=s.dtype) >= dropout_p
             self.drop = keep.astype(s.dtype) * s.dtype.type(1 / (1 - dropout_p))
         self.save(q, k, v, s)
@@ -420,15 +545,14 @@ class Attention(Function):
             )
             return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
         q, k, v, p = self.saved
+        xp = get_array_module(p)
         pd = p * self.drop if self.drop is not None else p
         gv = matmul(pd.swapaxes(-1, -2), g)
         gp = matmul(g, v.swapaxes(-1, -2))
         if self.drop is not None:
             gp *= self.drop
-        # softmax backward, in place: gs = p * (gp - sum(gp * p))
-        gp -= (gp * p).sum(axis=-1, keepdims=True)
-        gp *= p
-        gp *= self.scale
+        # softmax backward, in place: gs = p * (gp - sum(gp * p)) * scale
+        _softmax_rows_backward(xp, _rows(gp), _rows(p), _rows(gp), _cpu(xp), self.scale)
         gq = matmul(gp, k)
         gk = matmul(gp.swapaxes(-1, -2), q)
         return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None

@@ -174,9 +174,11 @@ class FakeXP:
     __name__ = "fakexp"
     FUNCTIONS = frozenset({
         "abs", "add", "arange", "argmax", "argsort", "ascontiguousarray", "broadcast_to",
-        "concatenate", "copyto", "cumsum", "divide", "empty", "empty_like", "exp", "flatnonzero",
+        "concatenate", "copyto", "cumsum", "divide", "einsum", "empty", "empty_like", "exp",
+        "flatnonzero",
         "full", "isfinite", "log", "maximum", "may_share_memory", "moveaxis", "multiply", "ones",
-        "ones_like", "sign", "split", "sqrt", "stack", "tanh", "tril", "triu", "where", "zeros",
+        "ones_like", "sign", "split", "sqrt", "stack", "subtract", "tanh", "tril", "triu", "where",
+        "zeros",
         "zeros_like",
     })  # errstate is left out on purpose: code must not rely on it (CuPy has none)
     CONSTANTS = frozenset({"inf", "nan", "pi", "newaxis", "float32", "float64", "int32",
