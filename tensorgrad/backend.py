@@ -9,8 +9,39 @@ for, so ``import tensorgrad`` never touches it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import sys
 
 import numpy as np
+
+# ----------------------------------------------------------------------------- CPU memory
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def tune_cpu_malloc() -> bool:
+    """Ask glibc to keep freed arrays for reuse instead of returning them to the OS.
+
+    By default glibc serves arrays above a (dynamic) threshold with fresh mmap pages and
+    unmaps them on free, so every training step page-faults and zero-fills its activations
+    again: measured in benchmarks/, a third of a step's time for the 'baby' model. Arrays
+    up to 32 MiB (the largest mmap threshold glibc accepts) now come from the heap, and up
+    to 1 GiB of free heap is kept. Skipped off glibc, when the user set MALLOC_* variables,
+    or with TG_MALLOC_TUNING=0. Returns whether it was applied.
+    """
+    if os.environ.get("TG_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(ok)
+
+
+MALLOC_TUNED = tune_cpu_malloc()
 
 _cupy = None  # the cupy module once imported, False if the import failed
 _cupy_error: str | None = None
