@@ -43,3 +43,13 @@ def test_chunked_threads_match_one_pass(case, monkeypatch):
     assert parallel.n_chunks(35, 24) > 3
     for got, want in zip(run(case), whole):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=case)
+
+
+def test_malloc_tuning_respects_opt_out(monkeypatch):
+    from tensorgrad import backend
+
+    monkeypatch.setenv("TG_MALLOC_TUNING", "0")
+    assert backend.tune_cpu_malloc() is False
+    monkeypatch.delenv("TG_MALLOC_TUNING")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the user's own setting wins
+    assert backend.tune_cpu_malloc() is False
