@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import tensorgrad as tg
-from tensorgrad.backend import to_device
+from tensorgrad.backend import set_matmul_precision, to_device
 
 from . import diagnostics as diag
 from . import run_checkpoint as rc
@@ -87,6 +87,7 @@ class TrainConfig:
     out_dir: str | None = None  # None = out/<dataset>-<tokenizer>
     seed: int = 1337
     device: str = "cpu"
+    dtype: str = "float32"  # matmul precision on the GPU: float32 | tf32 | bf16
     diagnose: bool = False
     sample_tokens: int = 500  # sample printed at the end; 0 = none
 
@@ -95,7 +96,9 @@ INT_FIELDS = {"vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_
               "grad_accum", "max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
               "eval_iters", "seed", "sample_tokens"}
 FLOAT_FIELDS = {"dropout", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"}
-STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device"}
+STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device",
+              "dtype"}
+DTYPES = {"float32": "highest", "tf32": "tf32", "bf16": "bf16"}  # -> set_matmul_precision
 MODEL_FIELDS = ("preset", "n_layer", "n_head", "n_embd", "block_size", "dropout")
 # what a resumed run keeps from its checkpoint, whatever the flags say
 FIXED_ON_RESUME = ("dataset", "data", "tokenizer", "vocab_size", "init_from", "seed",
@@ -170,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, metavar="N", help=f"seeds init, dropout and batches ({d.seed})")
     g.add_argument("--device", choices=("cpu", "cuda"),
                    help="cpu, or cuda (needs CuPy: pip install -e '.[cuda]') (default cpu)")
+    g.add_argument("--dtype", choices=tuple(DTYPES),
+                   help="matmul precision on the GPU: float32 (default), or tf32 / bf16 tensor "
+                   "cores; weights and AdamW state stay float32 (the CPU always uses float32)")
     g.add_argument("--diagnose", action="store_true",
                    help="check at the first step that every parameter gets a finite nonzero "
                    "gradient, and log per-layer gradient norms and update/weight ratios "
@@ -335,6 +341,8 @@ def validate(c: TrainConfig) -> None:
             raise UsageError(str(e)) from None
     if c.device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {c.device!r}")
+    if c.dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
 
 
 def _model_overrides(c: TrainConfig) -> dict:
@@ -508,6 +516,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
             )
     model = model or GPT(model_config)
     model.to(c.device)
+    set_matmul_precision(DTYPES[c.dtype])
     optimizer = model.configure_optimizers(c.weight_decay, c.lr, (c.beta1, c.beta2))
     samplers = {
         "train": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed),

@@ -366,3 +366,35 @@ def test_cuda_without_cupy_is_one_line(corpus, tmp_path, capsys):
                        "cuda"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "cuda" in err.lower() and len(err.splitlines()) == 1
+
+
+def test_fine_tune_from_a_gpt2_directory(corpus, tmp_path, capsys):
+    """--init-from: a HuggingFace-layout GPT-2 directory (weights + its BPE files) fine-tunes."""
+    from safetensors.numpy import save_file
+
+    from gpt.config import GPTConfig
+    from gpt.model import GPT
+    from gpt.tokenizer import BPETokenizer
+
+    texts = [p.read_text() for p in sorted(Path(corpus).glob("*.txt"))]
+    tok = BPETokenizer.train(texts, 300)
+    src = tmp_path / "gpt2-mini"
+    tok.save(src)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2,
+                          n_embd=16))
+    conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # HF stores these as (in, out)
+    arrays = {k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
+              for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(arrays, str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps(dict(
+        n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=tok.vocab_size,
+        layer_norm_epsilon=1e-5, activation_function="gelu_new")))
+    out = tmp_path / "ft"
+    code = train.main(["--data", str(corpus), "--init-from", str(src), "--out-dir", str(out),
+                       "--batch-size", "4", "--block-size", "16", "--max-iters", "3",
+                       "--eval-interval", "3", "--eval-iters", "1", "--no-sample"])
+    assert code == 0, capsys.readouterr().err
+    losses = [r["loss"] for r in step_records(out)]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    ckpt = json.loads((out / "ckpt.json").read_text())
+    assert ckpt["iter"] == 3
