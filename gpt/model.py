@@ -109,13 +109,13 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding E
-            wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(config.vocab_size, config.n_embd),  # token embedding E
+            "wpe": nn.Embedding(config.block_size, config.n_embd),  # position embedding
+            "drop": nn.Dropout(config.dropout),
+            "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            "ln_f": nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+        })
         if config.tie_weights:
             self.lm_head = None  # the unembedding is transformer.wte.weight itself
         else:
@@ -271,7 +271,7 @@ class GPT(nn.Module):
     def generate_stream(self, idx, max_new_tokens: int, temperature: float = 1.0,
                         top_k: int | None = None, top_p: float | None = None,
                         eos_token_id: int | None = None, seed: int | None = None,
-                        use_cache: bool = True):
+                        use_cache: bool = True, suppress_tokens=None):
         """Yield (B,) arrays of new tokens one step at a time (see ``generate``)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -299,7 +299,11 @@ class GPT(nn.Module):
                 # its body runs, and must not stay on while the caller runs between tokens
                 with tg.no_grad():
                     logits, _ = self(to_device(window, _dev(xp)), cache=cache)
-                nxt = sample_next(to_numpy(logits.data)[:, -1, :], temperature, top_k, top_p, gen)
+                last = to_numpy(logits.data)[:, -1, :]
+                if suppress_tokens:
+                    last = last.copy()
+                    last[:, list(suppress_tokens)] = -np.inf
+                nxt = sample_next(last, temperature, top_k, top_p, gen)
                 if eos_token_id is not None:
                     nxt = np.where(done, eos_token_id, nxt)
                     done |= nxt == eos_token_id
@@ -313,24 +317,25 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None,
                  eos_token_id: int | None = None, seed: int | None = None,
-                 use_cache: bool = True) -> np.ndarray:
+                 use_cache: bool = True, suppress_tokens=None) -> np.ndarray:
         """The prompt (B, T) followed by up to max_new_tokens sampled tokens, (B, T + new).
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the smallest set
         whose probability reaches p; a row that emits eos_token_id is padded with it and
         generation stops when every row has. The context is cropped to block_size. With
         use_cache each new token runs the blocks on one position against cached keys/values.
+        Token ids in suppress_tokens are never sampled (e.g. a tokenizer's unknown token).
         """
         prompt = to_numpy(self._check_idx(idx)).astype(np.int64)
         new = list(self.generate_stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                        eos_token_id, seed, use_cache))
+                                        eos_token_id, seed, use_cache, suppress_tokens))
         if not new:
             return prompt
         return np.concatenate([prompt, np.stack(new, axis=1)], axis=1)
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
-    def from_pretrained(cls, path) -> "GPT":
+    def from_pretrained(cls, path) -> GPT:
         """Load a HuggingFace-format GPT-2 directory (config.json + model.safetensors)."""
         from .checkpoint import load_hf_gpt2
 

@@ -55,7 +55,10 @@ def stream_sample(model, tok, prompt_ids: list[int], max_new_tokens: int,
     text = ""
     stream = model.generate_stream(np.array([prompt_ids], dtype=np.int64), max_new_tokens,
                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                   eos_token_id=eot, seed=seed)
+                                   eos_token_id=eot, seed=seed,
+                                   # the char tokenizer's unknown-character id is never wanted
+                                   suppress_tokens=[tok.unk_token_id]
+                                   if getattr(tok, "unk_token_id", None) is not None else None)
     for nxt in stream:
         t = int(nxt[0])
         if t == eot:

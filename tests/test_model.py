@@ -515,3 +515,10 @@ def test_float32_model_stays_float32(fused, mask):
         assert p.dtype == np.float32 and p.grad.dtype == np.float32, n
         st = opt.state[id(p)]
         assert st["exp_avg"].dtype == np.float32 and st["exp_avg_sq"].dtype == np.float32, n
+
+
+def test_generate_never_samples_suppressed_tokens():
+    tg.manual_seed(0)
+    model = GPT(tiny())
+    out = model.generate(tokens(2, 3), 40, temperature=2.0, seed=0, suppress_tokens=[0, 5])
+    assert not np.isin(out[:, 3:], [0, 5]).any()
