@@ -1,12 +1,13 @@
 """Run tensorgrad's CUDA kernel sources on the CPU, for tests on machines without a GPU.
 
-The CUDA C of ``tensorgrad.cuda_kernels`` is compiled by g++ behind a small shim: every
-CUDA thread of a block is an OS thread, ``__syncthreads`` is a barrier, ``__shared__``
-arrays are function statics (blocks run one after another, so a static is exactly one
-block's shared memory), and ``__shfl_xor_sync`` exchanges through a buffer between two
-barriers. Float arithmetic is IEEE single precision without contraction, as NVRTC's
-``__f*_rn`` intrinsics. Slow, so only for small shapes; a kernel that hits a barrier on
-some threads only (a real bug on the GPU) is reported instead of hanging.
+The CUDA C of ``tensorgrad.cuda_kernels`` and ``tensorgrad.cuda_flash`` is compiled by g++
+behind a small shim: every CUDA thread of a block is an OS thread, ``__syncthreads`` is a
+barrier, ``__shared__`` arrays are function statics (blocks run one after another, so a
+static is exactly one block's shared memory), and ``__shfl_xor_sync`` exchanges through a
+buffer between two barriers. Float arithmetic is IEEE single precision without
+contraction, as NVRTC's ``__f*_rn`` intrinsics. Slow, so only for small shapes; a kernel
+that hits a barrier on some threads only (a real bug on the GPU) is reported instead of
+hanging.
 
 ``nvcc_check`` compiles the same sources for sm_90 with nvcc, to catch what g++ accepts
 but CUDA does not.
@@ -249,29 +250,31 @@ class ElementwiseEmulated:
 def install(monkeypatch) -> None:
     """Route tensorgrad's fused-kernel calls to the emulated kernels, on NumPy arrays.
 
-    cuda_kernels then runs its real Python wrappers with NumPy in CuPy's place (the calls
-    they make exist in both), and functional.py / gpt.optim take their fused branches
-    for float32 CPU tensors.
+    cuda_kernels and cuda_flash then run their real Python wrappers with NumPy in CuPy's
+    place (the calls they make exist in both), and functional.py / gpt.optim take their
+    fused branches for float32 CPU tensors.
     """
     import gpt.optim
     from tensorgrad import backend, functional
+    from tensorgrad import cuda_flash as FA
     from tensorgrad import cuda_kernels as K
 
     cache = {}
 
-    def raw(source_key, name):
-        em = cache.get(source_key)
+    def kernel(key, source, name):
+        em = cache.get(key)
         if em is None:
-            src = K.rows_source() if source_key == "rows" else K.flash_source(source_key[1])
-            em = cache[source_key] = Emulated(src)
+            em = cache[key] = Emulated(source())
         return lambda grid, block, args: em.launch(name, grid, block, *args)
 
     def kernels_for(xp, name):
         return K if name in backend._fused else None
 
-    monkeypatch.setattr(K, "_raw", raw)
+    monkeypatch.setattr(K, "_raw", lambda name: kernel("rows", K.rows_source, name))
+    monkeypatch.setattr(FA, "_raw", lambda hd, name: kernel(hd, lambda: FA.flash_source(hd), name))
     monkeypatch.setattr(K, "_elementwise", lambda name: ElementwiseEmulated(name, K.ELEMENTWISE[name]))
-    monkeypatch.setattr(K, "require_cupy", lambda: np)
+    for module in (K, FA):
+        monkeypatch.setattr(module, "require_cupy", lambda: np)
     monkeypatch.setattr(functional, "kernels_for", kernels_for)
     monkeypatch.setattr(gpt.optim, "kernels_for", kernels_for)
 

@@ -1,10 +1,11 @@
 """The fused CUDA kernels, checked on the CPU: compiled with nvcc, run under emulation.
 
 ``cuda_emulation.install`` routes functional.py's and gpt.optim's fused branches to the real
-CUDA C of ``tensorgrad.cuda_kernels`` compiled by g++ (each CUDA thread an OS thread), with
-NumPy standing in for CuPy in the kernels' Python wrappers. So the kernel code, the
-wrappers' shapes/strides/grids, and the autograd wiring are all exercised here, each fused
-op against its NumPy twin. tests/test_cuda.py repeats the comparisons on a real GPU.
+CUDA C of ``tensorgrad.cuda_kernels`` and ``tensorgrad.cuda_flash`` compiled by g++ (each
+CUDA thread an OS thread), with NumPy standing in for CuPy in the kernels' Python wrappers.
+So the kernel code, the wrappers' shapes/strides/grids, and the autograd wiring are all
+exercised here, each fused op against its NumPy twin. tests/test_cuda.py repeats the
+comparisons on a real GPU.
 Also: a NumPy model of the flash-attention tiling, and the cuBLAS GEMM argument plan
 against a NumPy emulation of column-major strided batched GEMM.
 """
@@ -20,6 +21,7 @@ from test_backend_dispatch import comparable
 
 import tensorgrad as tg
 import tensorgrad.functional as F
+from tensorgrad import cuda_flash as FA
 from tensorgrad import cuda_kernels as K
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to emulate CUDA")
@@ -42,7 +44,7 @@ def test_nvcc_compiles(what):
     if what == "rows":
         src = K.rows_source()
     elif what.startswith("flash"):
-        src = K.flash_source(int(what[5:]))
+        src = FA.flash_source(int(what[5:]))
     else:
         scalars = ("decay", "b1", "omb1", "b2", "omb2", "bc2", "eps", "step", "ncls")
         src = "".join(ce.elementwise_source(n, *spec, scalars=scalars, cuda=True)
