@@ -3,11 +3,11 @@
 A fused op such as GELU or LayerNorm runs several NumPy passes. Over a whole
 activation (megabytes) each pass streams through main memory; over a chunk of
 ~128 KiB the passes after the first hit the cache, which on its own halves the
-time. NumPy releases the GIL inside its loops, so the chunks also spread over the
-cores (NumPy itself runs each pass on one core; BLAS is idle during these passes).
-
-``TG_NUM_THREADS`` sets the number of threads (default: the cores this process
-may use). Small arrays run inline: the pool only pays off above ``PARALLEL_MIN``.
+time. NumPy releases the GIL inside its loops, so the chunks can also be spread
+over threads: ``TG_NUM_THREADS=n`` turns that on. It is off by default because on
+the 2-core machine of benchmarks/ it made a training step no faster (BLAS's own
+threads are still spinning when the elementwise passes start) and small ops slower.
+Small arrays always run inline: a pool only pays off above ``PARALLEL_MIN``.
 """
 
 from __future__ import annotations
@@ -22,13 +22,8 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def num_threads() -> int:
-    env = os.environ.get("TG_NUM_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    """Threads for the chunked passes: TG_NUM_THREADS, default 1 (see the module docstring)."""
+    return max(1, int(os.environ.get("TG_NUM_THREADS", "1") or 1))
 
 
 def _get_pool(n: int) -> ThreadPoolExecutor:

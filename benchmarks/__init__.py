@@ -1,0 +1,1 @@
+"""Benchmarks of tensorgrad against PyTorch eager (run: python -m benchmarks.run)."""
