@@ -1,4 +1,4 @@
-"""Checkpoints without pickle: arrays in safetensors, everything else in JSON.
+"""Checkpoints as safetensors + JSON only: arrays in safetensors, everything else in JSON.
 
 Every write is atomic (temporary file in the same directory, flush + fsync, rename),
 so a process killed at any moment leaves the previous file intact. Also loads
@@ -123,8 +123,9 @@ def load_hf_gpt2(cls, path: Path):
     if not st.exists():
         if (path / "pytorch_model.bin").exists():
             raise CheckpointError(
-                f"{path} holds only pytorch_model.bin; tensorgrad never unpickles. Convert it to "
-                "model.safetensors (safetensors is required)"
+                f"{path} holds only pytorch_model.bin; tensorgrad loads only safetensors (a .bin "
+                "file can run code when loaded). Convert it to model.safetensors (safetensors is "
+                "required)"
             )
         raise CheckpointError(f"{path} has no model.safetensors")
     config = hf_config(read_json(path / "config.json"))

@@ -1,4 +1,4 @@
-"""Training-run checkpoints: the latest and the best state of a `gpt-train` run, no pickle.
+"""Training-run checkpoints: the latest and best state of a `gpt-train` run (safetensors + JSON).
 
 A run directory (``--out-dir``) holds the latest checkpoint, its ``best/`` subdirectory the
 one with the lowest validation loss (weights only, no optimizer state)::
