@@ -8,7 +8,7 @@
 
 import numpy as _np
 
-from . import functional, nn
+from . import functional, kernels, nn, optim
 from . import viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cuda_available, get_rng_state, manual_seed, set_rng_state

@@ -7,9 +7,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import functional as F
-from .backend import get_array_module, parse_device, rng, to_device
-from .tensor import DEFAULT_DTYPE, Tensor
+from .. import functional as F
+from ..backend import get_array_module, parse_device, rng, to_device
+from ..tensor import DEFAULT_DTYPE, Tensor
 
 
 class Parameter(Tensor):
@@ -56,16 +56,17 @@ class Module:
 
     # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = ""):
+        """(dotted name, module) pairs, depth first in registration order, as PyTorch."""
         seen = set()
         stack = [(prefix, self)]
         while stack:
-            name, m = stack.pop(0)
+            name, m = stack.pop()
             if id(m) in seen:
                 continue
             seen.add(id(m))
             yield name, m
-            for n, c in m._modules.items():
-                stack.append((f"{name}.{n}" if name else n, c))
+            kids = [(f"{name}.{n}" if name else n, c) for n, c in m._modules.items()]
+            stack.extend(reversed(kids))
 
     def modules(self):
         for _, m in self.named_modules():

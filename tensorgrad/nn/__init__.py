@@ -1,0 +1,18 @@
+"""``tensorgrad.nn``: modules and layers (``nn.Module``, ``nn.Linear``, ...), as in ``torch.nn``.
+
+    modules.py     Module, Parameter and the layers a GPT is made of
+    functional.py  the same functions as ``tensorgrad.functional`` (``torch.nn.functional``)
+    init.py        in-place initialisers (``nn.init.normal_``, ...)
+    utils.py       ``clip_grad_norm_``
+"""
+
+from . import functional, init, utils
+from .modules import (
+    GELU, Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ReLU,
+    Sequential,
+)
+
+__all__ = [
+    "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU",
+    "ModuleList", "ModuleDict", "Sequential", "functional", "init", "utils",
+]

@@ -1,0 +1,3 @@
+"""``tensorgrad.nn.functional`` is ``tensorgrad.functional`` (as ``torch.nn.functional``)."""
+
+from ..functional import *  # noqa: F403

@@ -1,0 +1,1 @@
+"""In-place parameter initialisers, as ``torch.nn.init`` (no graph is recorded)."""
