@@ -180,11 +180,11 @@ def worker_info(torch_too: bool) -> dict:
     import sys
 
     if "tensorgrad" in sys.modules:
-        from tensorgrad import backend
+        import tensorgrad
 
-        info["tg_malloc_tuned"] = getattr(backend, "MALLOC_TUNED", None)
+        info["tg_malloc_tuned"] = tensorgrad.tune_cpu_malloc()
         try:
-            from tensorgrad import parallel
+            from tensorgrad.kernels import chunks as parallel
 
             info["tg_threads"] = parallel.num_threads()
         except ImportError:

@@ -36,6 +36,8 @@ import numpy as np
 import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import backend
+from tensorgrad.cuda.ops import MATMUL_PRECISIONS
+from tensorgrad.ops import linalg
 
 PEAK_FP32 = 67e12  # H200 SXM dense FP32 (non-tensor-core), FLOP/s
 # sizes (GPT-2 124M); a smoke test on the CPU shrinks them
@@ -112,12 +114,12 @@ def section_matmul(budget):
     a = r.standard_normal((n, n), dtype=cp.float32)
     b = r.standard_normal((n, n), dtype=cp.float32)
     rows = []
-    for precision in backend.MATMUL_PRECISIONS:
-        backend.set_matmul_precision(precision)
+    for precision in MATMUL_PRECISIONS:
+        tg.cuda.set_matmul_precision(precision)
         try:
-            s = timed(lambda: backend.matmul(a, b), reps=5)
+            s = timed(lambda: linalg.matmul(a, b), reps=5)
         finally:
-            backend.set_matmul_precision("highest")
+            tg.cuda.set_matmul_precision("highest")
         rows.append({"precision": precision, "n": n, "ms": s * 1e3,
                      "tflops": 2 * n**3 / s / 1e12})
     return rows
@@ -166,14 +168,14 @@ def section_kernels(budget):
 
         res, secs = {}, {}
         for fused in (True, False):
-            backend.set_fused_kernels(fused)
+            tg.kernels.set_enabled(fused)
             try:
                 out = run()
                 res[fused] = [out.numpy()] + [t.grad.numpy() for t in ts if t.grad is not None]
                 del out
                 secs[fused] = timed(run, reps=3)
             finally:
-                backend.set_fused_kernels(True)
+                tg.kernels.set_enabled(True)
             free_pool()
         err = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
                   for a, b in zip(res[True], res[False]))
@@ -192,14 +194,14 @@ def section_kernels(budget):
     hp = {"lr": 6e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": 0.1, "step": 3}
     outs, times = {}, {}
     for fused in (True, False):
-        backend.set_fused_kernels(fused)
+        tg.kernels.set_enabled(fused)
         try:
             xs, ms, vs = x.copy(), m.copy(), v.copy()
             optim.adamw_update(xs, g, ms, vs, **hp)
             outs[fused] = xs
             times[fused] = timed(lambda a=(xs, g, ms, vs): optim.adamw_update(*a, **hp), reps=3)
         finally:
-            backend.set_fused_kernels(True)
+            tg.kernels.set_enabled(True)
     ulps = int(cp.abs(outs[True].view(cp.int32).astype(cp.int64)
                       - outs[False].view(cp.int32).astype(cp.int64)).max())
     rows.append({"kernel": f"adamw ({n / 1e6:g}M params)", "max_ulp_vs_twin": ulps,
@@ -281,8 +283,8 @@ def section_gpt2(budget, steps=4, warmup=2):
         if budget.left() < 60:
             rows.append({"framework": name, "precision": precision, "skipped": "time budget"})
             continue
-        backend.set_matmul_precision(precision)
-        backend.set_fused_kernels(fused)
+        tg.cuda.set_matmul_precision(precision)
+        tg.kernels.set_enabled(fused)
         try:
             opt = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4)
             s, first = _tg_steps(model, opt, x, y, warmup, steps)
@@ -291,8 +293,8 @@ def section_gpt2(budget, steps=4, warmup=2):
         except Exception as e:  # noqa: BLE001  (record and go on)
             rows.append({"framework": name, "precision": precision, "error": repr(e)})
         finally:
-            backend.set_matmul_precision("highest")
-            backend.set_fused_kernels(True)
+            tg.cuda.set_matmul_precision("highest")
+            tg.kernels.set_enabled(True)
         free_pool()
     del model
     free_pool()
@@ -348,7 +350,7 @@ def section_attention(budget):
                   for _ in range(3)]
         row = {"T": Tq}
         for mode in ("flash", "gemm"):
-            backend.set_fused_kernels(mode == "flash", ["attention"])
+            tg.kernels.set_enabled(mode == "flash", ["attention"])
             try:
                 free_pool()
                 ts = [tg.tensor(a, device="cuda", requires_grad=True) for a in arrays]
@@ -368,7 +370,7 @@ def section_attention(budget):
             except Exception as e:  # noqa: BLE001
                 row[f"{mode}_error"] = repr(e)
             finally:
-                backend.set_fused_kernels(True)
+                tg.kernels.set_enabled(True)
         try:
             import torch
             import torch.nn.functional as TF
@@ -472,7 +474,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out or os.environ.get("OUT") or "benchmarks/results")
     out_dir.mkdir(parents=True, exist_ok=True)
     if not backend.cuda_available():
-        print(f"gpu_bench: no GPU ({backend._cupy_error}); nothing to do")
+        print(f"gpu_bench: no GPU ({backend.cuda_error()}); nothing to do")
         return 1
     budget = Budget(args.budget)
     results, failed = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}, False

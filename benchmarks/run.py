@@ -26,7 +26,7 @@ TG, TORCH = "tensorgrad", "torch"
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("train", "ops", "memory", "scaling", "generate")
 # glibc keeps freed arrays up to 32 MiB in its heap and up to 1 GiB of free heap: the settings
-# tensorgrad's backend applies itself at import (TG_MALLOC_TUNING=0 turns that off)
+# tensorgrad applies with tune_cpu_malloc(), as gpt-train and the benchmark worker do
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 MALLOC_SUFFIX = "+malloc"  # the other malloc setting than the framework's default
 FLOPS_FORMULA = "6·N + 12·L·H·Q·T per token (N non-embedding params, L layers, H heads, Q head size)"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorgrad.backend import to_numpy
+from tensorgrad import to_numpy
 
 from .config import GPTConfig
 

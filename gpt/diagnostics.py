@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tensorgrad import nn
-from tensorgrad.backend import to_numpy
+from tensorgrad import to_numpy
 
 OK, NO_GRAD, ZERO, NON_FINITE = "ok", "no grad", "zero", "non-finite"
 

@@ -37,7 +37,7 @@ import numpy as np
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad.backend import device_of, get_array_module, to_device, to_numpy
+from tensorgrad import device_of, get_array_module, to_device, to_numpy
 
 from .config import GPTConfig
 from .explain_html import render_html

@@ -14,8 +14,8 @@ import numpy as np
 import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import nn
-from tensorgrad.backend import get_array_module, rng, to_device, to_numpy
-from tensorgrad.tensor import as_array
+from tensorgrad import as_array, get_array_module, to_device, to_numpy
+from tensorgrad import generator as rng
 
 from .config import GPTConfig
 

@@ -17,6 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import tensorgrad as tg
+
 DEFAULT_OUT_DIR = "out/shakespeare-char"
 
 
@@ -134,13 +136,8 @@ def _validate(a) -> None:
         raise UsageError(f"--init-from {a.init_from} is not a directory")
     if a.prompt_file is not None and not Path(a.prompt_file).is_file():
         raise UsageError(f"--prompt-file {a.prompt_file} does not exist")
-    if a.device == "cuda":
-        from tensorgrad.backend import require_cupy
-
-        try:
-            require_cupy()
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
+    if a.device == "cuda" and tg.cuda.unavailable_reason() is not None:
+        raise UsageError(tg.cuda.unavailable_reason())
 
 
 def _load(a):

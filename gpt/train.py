@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 import tensorgrad as tg
-from tensorgrad.backend import set_matmul_precision, to_device
+from tensorgrad import to_device
+from tensorgrad.cuda import set_matmul_precision
 
 from . import diagnostics as diag
 from . import run_checkpoint as rc
@@ -332,13 +333,8 @@ def validate(c: TrainConfig) -> None:
         if m["n_embd"] % m["n_head"]:
             raise UsageError(f"n_embd ({m['n_embd']}) must be divisible by n_head "
                              f"({m['n_head']}); set --n-embd / --n-head accordingly")
-    if c.device == "cuda":
-        from tensorgrad.backend import require_cupy
-
-        try:
-            require_cupy()
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
+    if c.device == "cuda" and tg.cuda.unavailable_reason() is not None:
+        raise UsageError(tg.cuda.unavailable_reason())
     if c.device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {c.device!r}")
     if c.dtype not in DTYPES:
@@ -695,6 +691,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run training; returns the exit status (0, 1 error, 2 usage, 130 SIGINT, 143 SIGTERM)."""
+    tg.tune_cpu_malloc()  # keep freed activations in the heap: steps stop page-faulting them
     stop: dict = {}
 
     def on_signal(signum, frame):

@@ -8,26 +8,24 @@
 
 import numpy as _np
 
-from . import functional, kernels, nn, optim
-from . import viz
+from . import cuda, functional, kernels, nn, optim, viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .backend import cuda_available, get_rng_state, manual_seed, set_rng_state
+from .backend import (
+    device_of, get_array_module, get_rng_state, manual_seed, set_rng_state, to_device, to_numpy,
+    tune_cpu_malloc,
+)
+from .backend import rng as generator
 from .factory import (
     arange, cat, concat, empty, full, ones, ones_like, rand, randint, randn, stack, tensor, tril,
     triu, where, zeros, zeros_like,
 )
 from .gradcheck import GradcheckError, gradcheck
-from .tensor import Tensor
+from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
+from .tensor import Tensor, as_array
 
 float32, float64, float16 = _np.float32, _np.float64, _np.float16
 int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
 long = int64
-
-
-class cuda:  # noqa: N801  (namespace mirroring torch.cuda)
-    """``tg.cuda.is_available()`` without importing CuPy unless asked."""
-
-    is_available = staticmethod(cuda_available)
 
 
 def from_numpy(a) -> Tensor:
@@ -38,5 +36,7 @@ __all__ = [
     "Tensor", "tensor", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "randn",
     "rand", "randint", "arange", "cat", "concat", "stack", "where", "tril", "triu", "no_grad",
     "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed", "get_rng_state",
-    "set_rng_state", "gradcheck", "GradcheckError", "functional", "nn", "cuda", "from_numpy",
+    "set_rng_state", "generator", "gradcheck", "GradcheckError", "functional", "nn", "optim",
+    "cuda", "kernels", "from_numpy", "as_array", "get_array_module", "device_of", "to_device",
+    "to_numpy", "tune_cpu_malloc",
 ]

@@ -17,6 +17,7 @@ import contextlib
 import threading
 
 from . import backend as _backend
+from . import kernels as _kernels
 from .backend import get_array_module
 
 _state = threading.local()
@@ -73,12 +74,26 @@ RELEASED_MSG = (
 )
 
 
+def _shares(xp, a, b) -> bool:
+    """Whether array a may overlap array b in memory (a view of it, or it itself)."""
+    if a is b:
+        return True
+    msm = getattr(xp, "may_share_memory", None)
+    return bool(msm(a, b)) if msm is not None else getattr(a, "base", None) is b
+
+
 class Function:
-    """One recorded operation. Subclasses define ``forward`` and ``backward``."""
+    """One recorded operation. Subclasses define ``forward`` and ``backward``.
+
+    ``op`` names the op for the kernel registry: a reference Function with an ``op``
+    runs the first registered kernel of that op that applies (``tensorgrad.kernels``).
+    """
 
     # graph fields live in slots so that releasing the context (``__dict__``) keeps them
-    __slots__ = ("edges", "checks", "n_out", "out_meta", "retained", "released", "__dict__")
+    __slots__ = ("edges", "checks", "n_out", "out_meta", "in_meta", "retained", "released",
+                 "needs_input_grad", "reference", "__dict__")
     multi_output = False  # forward returns a tuple of arrays
+    op: str | None = None  # the registry's name for this op (reference Functions only)
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -87,51 +102,84 @@ class Function:
         raise NotImplementedError
 
     def save(self, *arrays):
-        """Keep arrays for backward; in-place changes to them are caught at backward."""
+        """Keep arrays for backward: the one way to keep them. Each is guarded: an in-place
+        change to a tensor it belongs to raises at backward, and an array that belongs to
+        no tensor (an index or mask passed as a plain array) is copied."""
         self.saved = arrays
 
     @property
     def name(self) -> str:
-        return type(self).__name__
+        """The op's name (the reference Function's), with the kernel that ran it if any."""
+        ref = getattr(self, "reference", None)
+        if ref is None or ref is type(self):
+            return type(self).__name__
+        return f"{ref.__name__} (kernel {type(self).__name__})"
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
-        from .tensor import Tensor
-
-        fn = cls()
+        Tensor = _tensor_type
         arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
         if _backend._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
             _backend.check_same_device(cls.__name__.lower(), arrays)
+        impl = cls
+        if cls.op is not None and arrays and hasattr(arrays[0], "dtype"):
+            impl = _kernels.pick(cls.op, _backend.device_of(arrays[0]), *arrays, **kwargs) or cls
+        fn = impl()
+        fn.reference = cls
+        needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in inputs)
+        record = is_grad_enabled() and any(needs)
+        fn.needs_input_grad = needs if record else (False,) * len(inputs)
         out = fn.forward(*arrays, **kwargs)
-        outs = out if cls.multi_output else (out,)
-        record = is_grad_enabled() and any(
-            isinstance(x, Tensor) and x.requires_grad for x in inputs
-        )
+        outs = out if impl.multi_output else (out,)
         if not record:
             results = [Tensor._make(o, None, 0) for o in outs]
-            return tuple(results) if cls.multi_output else results[0]
+            return tuple(results) if impl.multi_output else results[0]
 
-        edges = []
+        edges, in_meta = [], []
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad:
                 edges.append((x._node, x._out_index) if x._node is not None else x)
+                in_meta.append((x.data.shape, x.data.dtype))
             else:
                 edges.append(None)
-        fn.edges = edges
+                in_meta.append(None)
+        fn.edges, fn.in_meta = edges, in_meta
         fn.n_out = len(outs)
         fn.out_meta = [(o.shape, o.dtype) for o in outs]
         fn.retained = None
         fn.released = False
         results = [Tensor._make(o, fn, i) for i, o in enumerate(outs)]
-        saved = fn.__dict__.get("saved", ())
-        checks = []
-        if saved:
-            # remember the version of every tensor whose array backward will read
-            for t in (*inputs, *results):
-                if isinstance(t, Tensor) and any(s is t.data for s in saved):
+        fn.checks = _guard_saved(fn, inputs, results) if "saved" in fn.__dict__ else ()
+        return tuple(results) if impl.multi_output else results[0]
+
+
+def _guard_saved(fn: Function, inputs, results) -> list:
+    """Version checks for every tensor whose memory a saved array shares; copies of saved
+    arrays that share the memory of a plain-array input (nothing else would see it change)."""
+    Tensor = _tensor_type
+    checks, saved, copied = [], list(fn.saved), False
+    for i, s in enumerate(saved):
+        if not hasattr(s, "dtype") or not getattr(s, "ndim", 0):
+            continue  # None, Python scalars and 0-d arrays cannot be changed behind our back
+        xp = get_array_module(s)
+        for t in (*inputs, *results):
+            if isinstance(t, Tensor):
+                if _shares(xp, s, t.data) and all(c[0] is not t for c in checks):
                     checks.append((t, t._version[0]))
-        fn.checks = checks
-        return tuple(results) if cls.multi_output else results[0]
+            elif hasattr(t, "dtype") and getattr(t, "ndim", 0) and _shares(xp, s, t):
+                saved[i], copied = s.copy(), True
+                break
+    if copied:
+        fn.saved = tuple(saved)
+    return checks
+
+
+_tensor_type = None  # tensorgrad.tensor.Tensor, registered by that module (no import cycle)
+
+
+def register_tensor_type(cls) -> None:
+    global _tensor_type
+    _tensor_type = cls
 
 
 def _check_versions(fn: Function):
@@ -144,15 +192,53 @@ def _check_versions(fn: Function):
             )
 
 
+def _check_grads(fn: Function, gxs) -> None:
+    """The gradient contract: one gradient per input, each exactly its input's shape and a
+    float dtype equal to the input's."""
+    if len(gxs) != len(fn.in_meta):
+        raise RuntimeError(
+            f"{fn.name}.backward returned {len(gxs)} gradients for {len(fn.in_meta)} inputs"
+        )
+    for i, (gx, meta) in enumerate(zip(gxs, fn.in_meta)):
+        if gx is None or meta is None:
+            continue
+        shape, dtype = meta
+        if not hasattr(gx, "shape") or tuple(gx.shape) != tuple(shape):
+            got = tuple(gx.shape) if hasattr(gx, "shape") else type(gx).__name__
+            raise RuntimeError(
+                f"{fn.name}.backward returned a gradient of shape {got} for input {i} of "
+                f"shape {tuple(shape)}"
+            )
+        if gx.dtype != dtype:
+            raise RuntimeError(
+                f"{fn.name}.backward returned a {gx.dtype} gradient for input {i} of dtype "
+                f"{dtype}"
+            )
+
+
 def _accumulate(a, b):
     # never in place: a gradient array may be shared by several edges
     return b if a is None else a + b
 
 
+def _accumulate_grad(t, g) -> None:
+    """Add g (exactly t's shape and dtype, by the contract) into leaf t's ``.grad``."""
+    if tuple(g.shape) != tuple(t.data.shape) or g.dtype != t.data.dtype:
+        raise RuntimeError(
+            f"gradient of shape {tuple(g.shape)} and dtype {g.dtype} does not match the leaf's "
+            f"shape {tuple(t.data.shape)} and dtype {t.data.dtype}"
+        )
+    if t.grad is None:
+        if not getattr(g.flags, "writeable", True):
+            g = g.copy()  # a broadcast view (from sum/mean/expand): .grad must be writable
+        t.grad = _tensor_type._make(g, None, 0)
+    else:
+        t.grad = _tensor_type._make(t.grad.data + g, None, 0)
+
+
 def backward(root, grad=None, retain_graph: bool = False) -> None:
     """Reverse-mode sweep from ``root`` (a Tensor), accumulating into leaf ``.grad``."""
-    from .tensor import Tensor
-
+    Tensor = _tensor_type
     if not root.requires_grad:
         raise RuntimeError(
             "backward() on a tensor that does not require grad (no input needed a gradient, "
@@ -174,7 +260,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 f"shape {tuple(root.shape)}"
             )
     if root._node is None:  # a leaf: its gradient is the seed
-        root._accumulate_grad(grad)
+        _accumulate_grad(root, grad.astype(root.dtype, copy=False))
         return
 
     # count, for each node, how many edges reach it from the root's subgraph
@@ -201,7 +287,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if id(g) in handed:
             g = g.copy()
         handed.add(id(g))
-        t._accumulate_grad(g)
+        _accumulate_grad(t, g)
 
     ready = [start]
     while ready:
@@ -227,6 +313,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 gxs = fn.backward(*gys)
             if not isinstance(gxs, tuple):
                 gxs = (gxs,)
+            _check_grads(fn, gxs)
         if not retain_graph:
             fn.__dict__.clear()
             fn.checks = ()  # it holds the saved output tensors, and so their arrays

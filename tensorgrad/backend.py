@@ -28,6 +28,9 @@ def tune_cpu_malloc() -> bool:
     up to 32 MiB (the largest mmap threshold glibc accepts) now come from the heap, and up
     to 1 GiB of free heap is kept. Skipped off glibc, when the user set MALLOC_* variables,
     or with TG_MALLOC_TUNING=0. Returns whether it was applied.
+
+    Process-wide, so ``import tensorgrad`` never calls it: an application opts in
+    (``gpt-train`` does, as ``tensorgrad.tune_cpu_malloc()``).
     """
     if os.environ.get("TG_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
         return False
@@ -41,7 +44,6 @@ def tune_cpu_malloc() -> bool:
     return bool(ok)
 
 
-MALLOC_TUNED = tune_cpu_malloc()
 
 _cupy = None  # the cupy module once imported, False if the import failed
 _cupy_error: str | None = None
@@ -80,6 +82,21 @@ def _import_cupy():
 
 def cuda_available() -> bool:
     return _import_cupy() is not None
+
+
+def cuda_error() -> str | None:
+    """Why CuPy could not be used (after a failed import), else None."""
+    return _cupy_error
+
+
+def is_cupy_array(a) -> bool:
+    """True for a real CuPy array (not a stand-in module's: CUDA kernels need the real one)."""
+    return bool(_cupy) and isinstance(a, _cupy.ndarray)
+
+
+def is_cpu_array(a) -> bool:
+    """The one answer to "is this array on the CPU" (a NumPy array)."""
+    return isinstance(a, np.ndarray)
 
 
 def require_cupy():
@@ -250,57 +267,3 @@ def errstate(xp, **kwargs):
     (GPU arithmetic never warns)."""
     es = getattr(xp, "errstate", None)
     return es(**kwargs) if es is not None else contextlib.nullcontext()
-
-
-FUSED_KERNELS = ("gelu", "layer_norm", "softmax", "cross_entropy", "embedding", "attention",
-                 "adamw")
-_fused = set(FUSED_KERNELS)
-
-
-def set_fused_kernels(enabled: bool = True, names=None) -> None:
-    """Turn the fused CUDA kernels (all, or the named ones) on or off; off runs the NumPy-style
-    implementations on CuPy instead (the reference the kernels are tested against)."""
-    names = FUSED_KERNELS if names is None else tuple(names)
-    unknown = sorted(set(names) - set(FUSED_KERNELS))
-    if unknown:
-        raise ValueError(f"unknown fused kernels {unknown}; choose from {list(FUSED_KERNELS)}")
-    if enabled:
-        _fused.update(names)
-    else:
-        _fused.difference_update(names)
-
-
-def kernels_for(xp, name: str):
-    """tensorgrad.cuda_kernels when ``xp`` is CuPy and the kernel ``name`` is on, else None."""
-    if xp is np or not _cupy or xp is not _cupy or name not in _fused:
-        return None
-    from . import cuda_kernels  # noqa: PLC0415
-
-    return cuda_kernels
-
-
-MATMUL_PRECISIONS = ("highest", "tf32", "bf16")
-_matmul_precision = "highest"
-
-
-def set_matmul_precision(precision: str) -> None:
-    """How float32 matmuls run on the GPU: 'highest' (float32 products), 'tf32' or 'bf16'
-    (tensor cores with inputs rounded to TF32 / bfloat16, float32 accumulation). Weights,
-    activations and optimizer state stay float32 in every mode; the CPU always uses float32."""
-    global _matmul_precision
-    if precision not in MATMUL_PRECISIONS:
-        raise ValueError(f"matmul precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
-    _matmul_precision = precision
-
-
-def get_matmul_precision() -> str:
-    return _matmul_precision
-
-
-def matmul(x, y):
-    """x @ y, through cuBLAS with the compute type of ``set_matmul_precision`` on the GPU."""
-    if _matmul_precision != "highest" and _cupy and isinstance(x, _cupy.ndarray):
-        from . import cuda_kernels  # noqa: PLC0415
-
-        return cuda_kernels.matmul(x, y, _matmul_precision)
-    return x @ y

@@ -248,16 +248,18 @@ class ElementwiseEmulated:
 
 
 def install(monkeypatch) -> None:
-    """Route tensorgrad's fused-kernel calls to the emulated kernels, on NumPy arrays.
+    """Run the registered CUDA kernels on float32 NumPy arrays, through the emulated kernels.
 
-    cuda_kernels and cuda_flash then run their real Python wrappers with NumPy in CuPy's
-    place (the calls they make exist in both), and functional.py / gpt.optim take their
-    fused branches for float32 CPU tensors.
+    tensorgrad/cuda/kernels.py and flash.py then run their real Python wrappers with NumPy
+    in CuPy's place (the calls they make exist in both), and every 'cuda' kernel of the
+    registry is also registered, first, for the 'cpu' device.
     """
-    import gpt.optim
-    from tensorgrad import backend, functional
-    from tensorgrad import cuda_flash as FA
-    from tensorgrad import cuda_kernels as K
+    import numpy as np
+
+    from tensorgrad import kernels
+    from tensorgrad.cuda import flash as FA
+    from tensorgrad.cuda import kernels as K
+    from tensorgrad.cuda import ops as CO
 
     cache = {}
 
@@ -267,16 +269,18 @@ def install(monkeypatch) -> None:
             em = cache[key] = Emulated(source())
         return lambda grid, block, args: em.launch(name, grid, block, *args)
 
-    def kernels_for(xp, name):
-        return K if name in backend._fused else None
-
     monkeypatch.setattr(K, "_raw", lambda name: kernel("rows", K.rows_source, name))
     monkeypatch.setattr(FA, "_raw", lambda hd, name: kernel(hd, lambda: FA.flash_source(hd), name))
     monkeypatch.setattr(K, "_elementwise", lambda name: ElementwiseEmulated(name, K.ELEMENTWISE[name]))
     for module in (K, FA):
         monkeypatch.setattr(module, "require_cupy", lambda: np)
-    monkeypatch.setattr(functional, "kernels_for", kernels_for)
-    monkeypatch.setattr(gpt.optim, "kernels_for", kernels_for)
+    monkeypatch.setattr(CO, "on_gpu", lambda *a: all(
+        x is None or (isinstance(x, np.ndarray) and x.dtype == np.float32) for x in a))
+    registry = {key: list(ks) for key, ks in kernels._registry.items()}
+    for (op, dev), ks in kernels._registry.items():
+        if dev == "cuda" and op != "matmul":
+            registry[(op, "cpu")] = list(ks) + registry.get((op, "cpu"), [])
+    monkeypatch.setattr(kernels, "_registry", registry)
 
 
 def nvcc_check(source: str, arch: str = "sm_90") -> str:

@@ -16,12 +16,13 @@ import pytest
 import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import backend
+from tensorgrad.ops import linalg
 
 pytestmark = pytest.mark.cuda
 
 if not backend.cuda_available():
     pytest.skip(
-        f"needs CuPy and an NVIDIA GPU ({backend._cupy_error}); pip install -e '.[cuda]'",
+        f"needs CuPy and an NVIDIA GPU ({backend.cuda_error()}); pip install -e '.[cuda]'",
         allow_module_level=True,
     )
 
@@ -30,21 +31,21 @@ cp = backend.require_cupy()
 from test_backend_dispatch import CASES, comparable
 from test_cuda_kernels_emulated import FUSED
 
-from tensorgrad import cuda_kernels as K
+from tensorgrad.cuda import kernels as K
 
 
 @pytest.fixture(params=[True, False], ids=["fused", "unfused"])
 def fused(request):
-    backend.set_fused_kernels(request.param)
+    tg.kernels.set_enabled(request.param)
     yield request.param
-    backend.set_fused_kernels(True)
+    tg.kernels.set_enabled(True)
 
 
 @pytest.fixture(autouse=True)
 def _highest():
-    backend.set_matmul_precision("highest")
+    tg.cuda.set_matmul_precision("highest")
     yield
-    backend.set_matmul_precision("highest")
+    tg.cuda.set_matmul_precision("highest")
 
 
 def run(fn, arrays, device):
@@ -100,11 +101,11 @@ def test_op_on_gpu_matches_cpu(fused, name, fn, arrays, expect):
 @pytest.mark.parametrize("name, fn, arrays", FUSED, ids=[c[0] for c in FUSED])
 def test_fused_kernel_matches_twin(name, fn, arrays):
     got = run(fn, arrays, "cuda")
-    backend.set_fused_kernels(False)
+    tg.kernels.set_enabled(False)
     try:
         twin = run(fn, arrays, "cuda")  # the NumPy-style code on CuPy
     finally:
-        backend.set_fused_kernels(True)
+        tg.kernels.set_enabled(True)
     assert_same(name + " vs twin on GPU", got, twin)
     assert_same(name + " vs CPU", got, run(fn, arrays, "cpu"))
 
@@ -133,11 +134,11 @@ def test_flash_attention_vs_gemm_path(causal, T, hs):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     got = run(fn, arrays, "cuda")
-    backend.set_fused_kernels(False, ["attention"])
+    tg.kernels.set_enabled(False, ["attention"])
     try:
         want = run(fn, arrays, "cuda")
     finally:
-        backend.set_fused_kernels(True)
+        tg.kernels.set_enabled(True)
     assert_same(f"flash T={T} hs={hs} causal={causal}", got, want, atol=2e-5, grad_atol=2e-4)
 
 
@@ -164,7 +165,7 @@ def test_cross_entropy_large_vocab():
 
 
 def test_adamw_kernel_matches_cpu_bits():
-    from gpt.optim import adamw_update
+    from tensorgrad.optim import adamw_update
 
     r = np.random.default_rng(0)
     x, g, m = (r.standard_normal(100_000).astype(np.float32) for _ in range(3))
@@ -202,12 +203,12 @@ def test_matmul_precision(precision, tol):
     for xs, ys in cases:
         x, y = r.standard_normal(xs).astype(np.float32), r.standard_normal(ys).astype(np.float32)
         want = np.matmul(x.astype(np.float64), y.astype(np.float64))
-        backend.set_matmul_precision(precision)
-        got = cp.asnumpy(backend.matmul(cp.asarray(x), cp.asarray(y)))
+        tg.cuda.set_matmul_precision(precision)
+        got = cp.asnumpy(linalg.matmul(cp.asarray(x), cp.asarray(y)))
         y_t = cp.ascontiguousarray(cp.asarray(y).swapaxes(-1, -2)).swapaxes(-1, -2)  # col-major
-        w_t = cp.asnumpy(backend.matmul(cp.asarray(x), y_t))
-        backend.set_matmul_precision("highest")
-        exact = cp.asnumpy(backend.matmul(cp.asarray(x), cp.asarray(y)))
+        w_t = cp.asnumpy(linalg.matmul(cp.asarray(x), y_t))
+        tg.cuda.set_matmul_precision("highest")
+        exact = cp.asnumpy(linalg.matmul(cp.asarray(x), cp.asarray(y)))
         scale = np.abs(want).max()
         assert np.abs(got - want).max() / scale < tol, (precision, xs, ys)
         np.testing.assert_allclose(w_t, got, rtol=1e-6, atol=1e-6 * scale)  # op T == op N
@@ -215,7 +216,7 @@ def test_matmul_precision(precision, tol):
         if xs == (256, 512):
             assert np.abs(got - want).max() > np.abs(exact - want).max()  # the mode took effect
     # a whole linear layer under each mode still trains in float32 storage
-    backend.set_matmul_precision(precision)
+    tg.cuda.set_matmul_precision(precision)
     lin = tg.nn.Linear(64, 32).cuda()
     out = lin(tg.randn(8, 64, device="cuda"))
     out.sum().backward()

@@ -1,7 +1,7 @@
 """The fused CUDA kernels, checked on the CPU: compiled with nvcc, run under emulation.
 
-``cuda_emulation.install`` routes functional.py's and gpt.optim's fused branches to the real
-CUDA C of ``tensorgrad.cuda_kernels`` and ``tensorgrad.cuda_flash`` compiled by g++ (each
+``cuda_emulation.install`` registers the CUDA kernels for CPU float32 arrays, running the real
+CUDA C of ``tensorgrad/cuda/kernels.py`` and ``tensorgrad/cuda/flash.py`` compiled by g++ (each
 CUDA thread an OS thread), with NumPy standing in for CuPy in the kernels' Python wrappers.
 So the kernel code, the wrappers' shapes/strides/grids, and the autograd wiring are all
 exercised here, each fused op against its NumPy twin. tests/test_cuda.py repeats the
@@ -21,8 +21,8 @@ from test_backend_dispatch import comparable
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad import cuda_flash as FA
-from tensorgrad import cuda_kernels as K
+from tensorgrad.cuda import flash as FA
+from tensorgrad.cuda import kernels as K
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to emulate CUDA")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -136,9 +136,10 @@ def test_fused_branches_really_ran(emulated, monkeypatch):
     calls = []
     for name in ("gelu_forward", "layer_norm_backward", "flash_attention_backward",
                  "cross_entropy_backward", "embedding_backward"):
-        orig = getattr(K, name)
-        monkeypatch.setattr(K, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n) or
-                            _o(*a, **kw))
+        module = FA if name.startswith("flash") else K
+        orig = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n)
+                            or _o(*a, **kw))
     run(lambda x, w, b: F.gelu(F.layer_norm(x, 8, w, b), "tanh"), [R(3, 8), R(8), R(8)])
     run(sdpa(True), [R(1, 2, 5, 8) for _ in range(3)])
     run(lambda x, t: F.cross_entropy(x, t), [R(3, 5), np.array([1, 2, 3])])
@@ -151,7 +152,7 @@ def test_fused_branches_really_ran(emulated, monkeypatch):
 @needs_gxx
 def test_flash_lse_and_empty_rows(emulated):
     q, k, v = R(1, 1, 6, 8), R(1, 1, 2, 8), R(1, 1, 2, 8)
-    o, lse = K.flash_attention_forward(q, k, v, True, 0.5)
+    o, lse = FA.flash_attention_forward(q, k, v, True, 0.5)
     s = (q[0, 0] @ k[0, 0].T) * 0.5
     allowed = np.tril(np.ones((6, 2), bool), k=2 - 6)
     for i in range(6):
@@ -165,16 +166,16 @@ def test_flash_lse_and_empty_rows(emulated):
 @needs_gxx
 @pytest.mark.parametrize("wd, step", [(0.0, 1), (0.1, 7)])
 def test_adamw_kernel_is_bitwise_numpy(monkeypatch, wd, step):
-    import gpt.optim
+    from tensorgrad.optim import adamw_update
 
     x, g = R(1000), R(1000)
     m, v = R(1000) * 0.1, R(1000, lo=0, hi=0.01)
     hp = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": wd, "step": step}
     want = [a.copy() for a in (x, m, v)]
-    gpt.optim.adamw_update(want[0], g, want[1], want[2], **hp)  # the NumPy twin
+    adamw_update(want[0], g, want[1], want[2], **hp)  # the reference
     ce.install(monkeypatch)
     got = [a.copy() for a in (x, m, v)]
-    gpt.optim.adamw_update(got[0], g, got[1], got[2], **hp)  # now the fused kernel
+    K.adamw_update(got[0], g, got[1], got[2], **hp)  # the fused kernel
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)  # the same float32 operations: the same bits
 

@@ -5,7 +5,7 @@ import pytest
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad import parallel
+from tensorgrad.kernels import chunks as parallel
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((5, 7, 24)).astype(np.float32)

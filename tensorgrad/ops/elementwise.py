@@ -21,11 +21,22 @@ def _check_broadcast(op: str, x, y):
             raise ValueError(f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together")
 
 
+def _float_of(x, y):
+    """An integer or bool array meeting a float array takes the float's dtype, as in PyTorch
+    (NumPy would make int64 × float32 float64)."""
+    kx, ky = getattr(x, "dtype", None), getattr(y, "dtype", None)
+    if kx is not None and ky is not None and (kx.kind == "f") != (ky.kind == "f"):
+        if kx.kind == "f":
+            return x, y.astype(kx)
+        return x.astype(ky), y
+    return x, y
+
+
 class _Binary(Function):
     def forward(self, x, y):
         _check_broadcast(self.name.lower(), x, y)
         self.sx, self.sy = _shape(x), _shape(y)
-        return self.compute(x, y)
+        return self.compute(*_float_of(x, y))
 
     def reduce(self, gx, gy):
         return (
@@ -52,23 +63,26 @@ class Sub(_Binary):
 
 class Mul(_Binary):
     def compute(self, x, y):
-        self.save(x, y)
+        nx, ny = self.needs_input_grad
+        self.save(x if ny else None, y if nx else None)  # only what a wanted gradient reads
         return x * y
 
     def backward(self, g):
         x, y = self.saved
-        return self.reduce(g * y, g * x)
+        nx, ny = self.needs_input_grad
+        return self.reduce(g * y if nx else None, g * x if ny else None)
 
 
 class Div(_Binary):
     def compute(self, x, y):
-        self.save(x, y)
+        self.save(x if self.needs_input_grad[1] else None, y)
         return x / y
 
     def backward(self, g):
         x, y = self.saved
+        nx, ny = self.needs_input_grad
         gx = g / y
-        return self.reduce(gx, -gx * x / y)
+        return self.reduce(gx if nx else None, -gx * x / y if ny else None)
 
 
 class Pow(_Binary):
@@ -178,14 +192,16 @@ class Where(Function):
 
     def forward(self, cond, x, y):
         xp = get_array_module(cond, x, y)
-        self.cond, self.sx, self.sy = cond, _shape(x), _shape(y)
+        self.save(cond)
+        self.sx, self.sy = _shape(x), _shape(y)
         return xp.where(cond, x, y)
 
     def backward(self, g):
         xp = get_array_module(g)
+        (cond,) = self.saved
         zero = xp.zeros((), dtype=g.dtype)
-        gx = unbroadcast(xp.where(self.cond, g, zero), self.sx)
-        gy = unbroadcast(xp.where(self.cond, zero, g), self.sy)
+        gx = unbroadcast(xp.where(cond, g, zero), self.sx)
+        gy = unbroadcast(xp.where(cond, zero, g), self.sy)
         return None, gx, gy
 
 
@@ -202,12 +218,13 @@ class MaskedFill(Function):
                 f"masked_fill: mask of shape {tuple(mask.shape)} does not broadcast to the "
                 f"tensor's shape {tuple(x.shape)}"
             )
-        self.mask = mask
+        self.save(mask)
         return xp.where(mask, xp.asarray(value, dtype=x.dtype), x)
 
     def backward(self, g):
         xp = get_array_module(g)
-        return xp.where(self.mask, xp.zeros((), dtype=g.dtype), g), None, None
+        (mask,) = self.saved
+        return xp.where(mask, xp.zeros((), dtype=g.dtype), g), None, None
 
 
 class Cast(Function):

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from .. import kernels
 from ..autograd import Function, unbroadcast
-from ..backend import matmul  # x @ y, or cuBLAS in TF32/BF16 mode on the GPU
+from ..backend import device_of
+
+
+def matmul(x, y):
+    """x @ y on arrays, or a registered 'matmul' kernel (cuBLAS in TF32/BF16 mode on the GPU)."""
+    fast = kernels.pick("matmul", device_of(x), x, y)
+    return fast(x, y) if fast is not None else x @ y
 
 
 def _mT(a):

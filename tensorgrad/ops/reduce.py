@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from ..autograd import Function
 from ..backend import errstate, get_array_module
+from .dims import wrap_dims
 
 
-def normalize_dims(dim, ndim: int) -> tuple:
-    """``dim`` as a sorted tuple of non-negative axes, with a clear error when out of range."""
-    if dim is None:
-        return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    out = []
-    for d in dims:
-        if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise IndexError(f"dim {d} is out of range for a tensor with {ndim} dimensions")
-        out.append(d % max(ndim, 1))
-    if len(set(out)) != len(out):
-        raise ValueError(f"dim {dim} names the same dimension twice")
-    return tuple(sorted(out)) if ndim else ()
+def normalize_dims(dim, ndim: int, op: str = "reduce") -> tuple:
+    """``dim`` as a sorted tuple of non-negative axes (PyTorch's range check)."""
+    return tuple(sorted(wrap_dims(op, dim, ndim))) if ndim else ()
 
 
 def _expand_back(g, shape, axes, keepdim):
@@ -31,7 +22,7 @@ def _expand_back(g, shape, axes, keepdim):
 class Sum(Function):
     def forward(self, x, dim=None, keepdim=False):
         self.shape = x.shape
-        self.axes = normalize_dims(dim, x.ndim)
+        self.axes = normalize_dims(dim, x.ndim, self.name.lower())
         self.keepdim = keepdim
         return x.sum(axis=self.axes, keepdims=keepdim)
 
@@ -44,7 +35,7 @@ class Sum(Function):
 class Mean(Function):
     def forward(self, x, dim=None, keepdim=False):
         self.shape = x.shape
-        self.axes = normalize_dims(dim, x.ndim)
+        self.axes = normalize_dims(dim, x.ndim, self.name.lower())
         self.keepdim = keepdim
         self.n = 1
         for a in self.axes:
@@ -62,7 +53,7 @@ class Var(Function):
 
     def forward(self, x, dim=None, keepdim=False, correction=1):
         xp = get_array_module(x)
-        self.axes = normalize_dims(dim, x.ndim)
+        self.axes = normalize_dims(dim, x.ndim, self.name.lower())
         self.keepdim = keepdim
         n = 1
         for a in self.axes:
@@ -85,7 +76,7 @@ class Max(Function):
     def forward(self, x, dim=None, keepdim=False):
         if x.size == 0:
             raise ValueError("max() of an empty tensor")
-        self.axes = normalize_dims(dim, x.ndim)
+        self.axes = normalize_dims(dim, x.ndim, self.name.lower())
         self.keepdim = keepdim
         y = x.max(axis=self.axes, keepdims=True)
         self.save(x, y)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..autograd import Function
+from ..autograd import Function, unbroadcast
 from ..backend import get_array_module
+from .dims import wrap_dim
 
 
 def resolve_shape(shape, size: int, old_shape) -> tuple:
@@ -37,9 +38,14 @@ class Reshape(Function):
 
 class Permute(Function):
     def forward(self, x, dims):
-        if sorted(d % max(x.ndim, 1) for d in dims) != list(range(x.ndim)):
+        if len(dims) != x.ndim:
+            raise ValueError(
+                f"permute: {tuple(dims)} has {len(dims)} dims for a {x.ndim}-d tensor of shape "
+                f"{tuple(x.shape)}"
+            )
+        self.dims = tuple(wrap_dim("permute", d, x.ndim) for d in dims)
+        if sorted(self.dims) != list(range(x.ndim)):
             raise ValueError(f"permute: {tuple(dims)} is not a permutation of {x.ndim} dims")
-        self.dims = tuple(d % x.ndim for d in dims)
         return x.transpose(self.dims)
 
     def backward(self, g):
@@ -65,8 +71,6 @@ class Expand(Function):
             ) from None
 
     def backward(self, g):
-        from ..autograd import unbroadcast
-
         return unbroadcast(g, self.shape), None
 
 
@@ -115,12 +119,21 @@ def _check_bounds(x, key):
         dim += 1
 
 
+def _own_key(key):
+    def own(k):
+        return k.copy() if getattr(k, "ndim", 0) else k
+
+    return tuple(own(k) for k in key) if isinstance(key, tuple) else own(key)
+
+
 class GetItem(Function):
     """x[key]; the backward of integer-array indexing accumulates repeated indices."""
 
     def forward(self, x, key):
         _check_bounds(x, key)
-        self.shape, self.dtype, self.key = x.shape, x.dtype, key
+        # index arrays are small: keep copies, so a later change to them cannot misroute
+        # the gradient
+        self.shape, self.dtype, self.key = x.shape, x.dtype, _own_key(key)
         return x[key]
 
     def backward(self, g):
@@ -137,9 +150,9 @@ class Cat(Function):
     def forward(self, *xs, dim=0):
         xp = get_array_module(*xs)
         nd = xs[0].ndim
-        if not -nd <= dim < nd:
-            raise IndexError(f"cat: dim {dim} is out of range for {nd}-d tensors")
-        self.dim = dim % nd
+        if nd == 0:
+            raise ValueError("cat: zero-dimensional tensors cannot be concatenated")
+        self.dim = wrap_dim("cat", dim, nd)
         for x in xs:
             if x.ndim != nd or any(
                 a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if i != self.dim
@@ -165,7 +178,7 @@ class Stack(Function):
         xp = get_array_module(*xs)
         if any(x.shape != xs[0].shape for x in xs):
             raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in xs]}")
-        self.dim = dim % (xs[0].ndim + 1)
+        self.dim = wrap_dim("stack", dim, xs[0].ndim + 1)
         return xp.stack(xs, axis=self.dim)
 
     def backward(self, g):

@@ -7,8 +7,8 @@
 
 Only the logsumexp per query row is kept: the (L, S) scores never reach global memory. The
 backward pass writes every gradient element once (no atomics), so it is deterministic.
-functional.py reaches these through ``tensorgrad.cuda_kernels``, which re-exports them; the
-shared CUDA helpers (COMMON_SRC) live there too. CuPy comes from ``backend.require_cupy()``;
+``tensorgrad/cuda/ops.py`` registers them as the 'attention' kernel for the 'cuda' device;
+the shared CUDA helpers (COMMON_SRC) live in ``kernels.py``. CuPy comes from ``backend.require_cupy()``;
 a module compiles on first use for each padded head size and is cached.
 """
 
@@ -18,7 +18,8 @@ import math
 
 import numpy as np  # host-side scalars and shapes only, never tensor data
 
-from .backend import require_cupy
+from ..backend import require_cupy
+from .kernels import COMMON_SRC
 
 _cache: dict = {}
 _i32 = np.int32  # the kernels' int parameters
@@ -404,7 +405,6 @@ def flash_config(E: int) -> dict:
 
 def flash_source(E: int) -> str:
     """The CUDA source for head size E: the tile sizes as #defines, then the kernels."""
-    from .cuda_kernels import COMMON_SRC  # here, not at the top: cuda_kernels imports us
 
     defines = "".join(f"#define {k} {v}\n" for k, v in flash_config(E).items())
     return defines + COMMON_SRC + FLASH_SRC

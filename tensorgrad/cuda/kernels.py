@@ -1,8 +1,8 @@
-"""Fused CUDA kernels for the GPU path, each the twin of a NumPy op in functional.py / optim.py.
+"""Fused CUDA kernels, each the twin of a reference op in ``ops/nn.py`` / ``optim.py``.
 
-functional.py and gpt/optim.py call these only when the inputs are CuPy arrays (through
-``backend.kernels_for(xp, name)``); the NumPy implementations stay the reference, and
-``backend.set_fused_kernels(False)`` runs those same NumPy-style ops on CuPy instead.
+These are the raw array functions; ``tensorgrad/cuda/ops.py`` wraps them as kernels
+registered for the 'cuda' device, so they run only on CuPy arrays, and
+``tensorgrad.kernels.set_enabled(False)`` runs the reference ops on CuPy instead.
 
     gelu_forward / gelu_backward          ElementwiseKernel, tanh and exact-erf GELU
     layer_norm_forward / _backward        RawKernel, one block per row (+ column partials)
@@ -10,8 +10,7 @@ functional.py and gpt/optim.py call these only when the inputs are CuPy arrays (
     cross_entropy_forward / _backward     per-row logsumexp and loss; grad = (p - onehot)·coef
     embedding_backward                    sorted ids, one block per id: deterministic sums
     adamw_update                          ElementwiseKernel, the whole update in one pass
-    flash_supported / flash_attention_*   from cuda_flash (re-exported here): tiled online
-                                          softmax, the (L, S) scores never reach global memory
+    (flash attention is in flash.py)
     matmul                                cuBLAS GEMM with a TF32 or BF16 compute type
 
 Everything is float32 (callers fall back to the NumPy-style path otherwise). CuPy comes
@@ -26,14 +25,7 @@ import math
 
 import numpy as np  # host-side scalars and shapes only, never tensor data
 
-from .backend import require_cublas, require_cupy
-
-# functional.py calls these as attributes of this module (backend.kernels_for returns it)
-from .cuda_flash import (  # noqa: F401
-    flash_attention_backward,
-    flash_attention_forward,
-    flash_supported,
-)
+from ..backend import require_cublas, require_cupy
 
 _cache: dict = {}
 

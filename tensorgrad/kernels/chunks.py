@@ -1,4 +1,4 @@
-"""Cache-sized chunks on a small thread pool, for the CPU's elementwise passes.
+"""Cache-sized chunks on a small thread pool, for the CPU kernels' elementwise passes.
 
 A fused op such as GELU or LayerNorm runs several NumPy passes. Over a whole
 activation (megabytes) each pass streams through main memory; over a chunk of
