@@ -21,9 +21,9 @@ RESULTS="${OUT:-benchmarks/results}"
 mkdir -p "$RESULTS"
 status=0
 
-echo "== 1/2 GPU tests (tests/test_cuda.py)"
+echo "== 1/2 GPU tests (tests/test_cuda.py, tests/test_kernels.py: every CUDA kernel vs its reference)"
 start=$(date +%s)
-timeout 200 python -m pytest -m cuda tests/test_cuda.py -q -rs -p no:cacheprovider \
+timeout 200 python -m pytest -m cuda tests/test_cuda.py tests/test_kernels.py -q -rs -p no:cacheprovider \
     2>&1 | tee "$RESULTS/gpu_tests.txt"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || status=1

@@ -1,0 +1,156 @@
+"""The walk's guarantees: a wrong gradient cannot pass silently, and nothing backward reads
+can be changed behind its back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+import tensorgrad.functional as F
+from tensorgrad.autograd import Function
+
+
+class SumAll(Function):
+    """A deliberately wrong op: backward returns the upstream sum (a scalar) instead of g."""
+
+    def forward(self, x):
+        return x * 2
+
+    def backward(self, g):
+        return g.sum()
+
+
+class WrongShape(Function):
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, g):
+        return g[:1]
+
+
+class TooFew(Function):
+    def forward(self, x, y):
+        return x + y
+
+    def backward(self, g):
+        return g  # one gradient for two inputs
+
+
+class WrongDtype(Function):
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, g):
+        return g.astype(np.float64)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda x: SumAll.apply(x), r"SumAll.backward returned a gradient of shape \(\) for input 0 "
+                                r"of shape \(2, 3\)"),
+    (lambda x: WrongShape.apply(x), r"WrongShape.backward returned a gradient of shape \(1, 3\)"),
+    (lambda x: TooFew.apply(x, x), r"TooFew.backward returned 1 gradients for 2 inputs"),
+    (lambda x: WrongDtype.apply(x), r"WrongDtype.backward returned a float64 gradient for input "
+                                    r"0 of dtype float32"),
+])
+def test_a_wrong_backward_raises_naming_the_op(fn, match):
+    x = tg.ones(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=match):
+        fn(x).sum().backward()
+    assert x.grad is None  # nothing was silently broadcast into .grad
+
+
+def test_the_sum_bug_from_the_issue_no_longer_gives_12():
+    # before the contract, g.sum() was broadcast into .grad: 12 instead of 2 per element
+    x = tg.ones(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="SumAll"):
+        SumAll.apply(x).sum().backward()
+
+
+def test_embedding_ids_changed_after_the_op_cannot_misroute_the_gradient():
+    w = tg.randn(5, 3, requires_grad=True)
+    ids = np.array([0, 1])
+    out = F.embedding(ids, w)
+    ids[:] = 4  # the caller reuses its array
+    out.sum().backward()
+    want = np.zeros((5, 3), np.float32)
+    want[[0, 1]] = 1
+    np.testing.assert_array_equal(w.grad.numpy(), want)
+
+
+def test_embedding_id_tensor_changed_in_place_cannot_misroute_the_gradient():
+    w = tg.randn(5, 3, requires_grad=True)
+    ids = tg.tensor([0, 1])
+    out = w[ids]
+    ids[0] = 4
+    out.sum().backward()
+    assert w.grad.numpy()[[0, 1]].sum() == 6 and w.grad.numpy()[4].sum() == 0
+
+
+def test_masked_fill_mask_changed_after_the_op():
+    x = tg.randn(2, 3, requires_grad=True)
+    mask = np.array([[True, False, False], [False, False, True]])
+    y = x.masked_fill(mask, 0.0)
+    mask[:] = False
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.where(mask | [[1, 0, 0], [0, 0, 1]], 0, 1))
+
+
+def test_where_condition_changed_after_the_op():
+    x, y = tg.randn(4, requires_grad=True), tg.randn(4, requires_grad=True)
+    cond = np.array([True, False, True, False])
+    out = tg.where(tg.tensor(cond), x, y)
+    cond[:] = True
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1, 0, 1, 0])
+
+
+def test_saved_tensor_changed_in_place_raises_naming_the_op():
+    x = tg.randn(3, requires_grad=True)
+    h = x * 1.0
+    y = h.exp()  # saves its output
+    with tg.no_grad():
+        y += 1
+    with pytest.raises(RuntimeError, match="backward of Exp was modified in place"):
+        y.sum().backward()
+
+
+def test_scalar_multiply_saves_nothing_that_later_changes():
+    # d * 2 only needs the 2: changing d afterwards is fine (PyTorch agrees)
+    x = tg.randn(3, requires_grad=True)
+    d = x * 1.0
+    d2 = d * 2
+    with tg.no_grad():
+        d += 5
+    d2.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [2, 2, 2])
+
+
+def test_mixed_int_float_multiply_stays_float32():
+    x = tg.randn(2, 3, requires_grad=True)
+    y = x * x.argmax(dim=1, keepdim=True)
+    assert y.dtype == np.float32
+    y.sum().backward()
+    assert x.grad.dtype == np.float32
+
+
+def test_import_changes_nothing_process_wide():
+    import subprocess
+    import sys
+
+    code = ("import ctypes, tensorgrad, tensorgrad.backend as b; "
+            "print(hasattr(b, 'MALLOC_TUNED'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
+    code = "import sys, tensorgrad; print(any(m.startswith(('cupy', 'gpt')) for m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
+
+
+def test_tensorgrad_never_mentions_gpt():
+    from pathlib import Path
+
+    root = Path(tg.__file__).parent
+    for f in root.rglob("*.py"):
+        text = f.read_text()
+        assert "import gpt" not in text and "from gpt" not in text, f

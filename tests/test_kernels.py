@@ -1,0 +1,282 @@
+"""The kernel registry test: every registered kernel against its reference op.
+
+A kernel is tested by being registered: for each kernel of ``tensorgrad.kernels`` on the
+'cpu' device (and on 'cuda' where a GPU and CuPy are present: the GPU check runs this file)
+and each case of its op that its predicate accepts, the forward output, the
+gradient of every input, their dtypes, and the memory the op keeps for backward are
+compared with the reference op run on the same inputs. An op registered without cases
+here fails ``test_every_registered_op_has_cases``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tensorgrad as tg
+from tensorgrad import kernels
+from tensorgrad.autograd import Function
+from tensorgrad.ops.nn import (
+    Attention, CrossEntropy, Embedding, Gelu, LayerNorm, LogSoftmax, Softmax,
+)
+from tensorgrad.optim import adamw_update
+
+REFERENCE = {"softmax": Softmax, "log_softmax": LogSoftmax, "cross_entropy": CrossEntropy,
+             "layer_norm": LayerNorm, "gelu": Gelu, "embedding": Embedding,
+             "attention": Attention}
+# (relative, absolute) tolerance per dtype: kernels reorder float32 sums
+TOL = {np.float32: (2e-5, 2e-6), np.float64: (1e-12, 1e-13)}
+
+
+def _r(rng, *shape, scale=1.0, dtype=np.float32):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def cases(op: str, dtype=np.float32, seed: int = 0):
+    """(label, positional arrays, keywords) for one op; arrays of float dtype get gradients."""
+    r = np.random.default_rng(seed)
+    R = lambda *s, scale=1.0: _r(r, *s, scale=scale, dtype=dtype)  # noqa: E731
+    if op in ("softmax", "log_softmax"):
+        return [("rows", (R(7, 33),), {"dim": -1}), ("one_col", (R(4, 1),), {"dim": -1}),
+                ("3d", (R(2, 3, 300, scale=30),), {"dim": 2}), ("dim0", (R(5, 6),), {"dim": 0}),
+                ("huge_logits", (R(3, 8, scale=1e4),), {"dim": -1})]
+    if op == "cross_entropy":
+        t = np.array([0, 3, 49, 7, 3, 1])
+        return [("mean", (R(6, 50), t), {}),
+                ("ignore", (R(6, 50), t), {"ignore_index": 3}),
+                ("sum", (R(6, 50, scale=1e4), t), {"reduction": "sum"}),
+                ("none", (R(6, 50), t), {"reduction": "none"}),
+                ("one_row", (R(1, 5), np.array([4])), {})]
+    if op == "layer_norm":
+        return [("affine", (R(5, 37), R(37), R(37)), {}),
+                ("no_bias", (R(2, 3, 16), R(16), None), {}),
+                ("no_affine", (R(4, 9), None, None), {}),
+                ("two_dims", (R(2, 3, 5), R(3, 5), R(3, 5)), {"nd": 2}),
+                ("one_row_far_from_0", (R(1, 64) + 100, R(64), R(64)), {})]
+    if op == "gelu":
+        return [("tanh", (R(7, 9, scale=3),), {"approximate": "tanh"}),
+                ("erf", (R(7, 9, scale=3),), {"approximate": "none"}),
+                ("big", (R(3, 50000),), {"approximate": "tanh"})]
+    if op == "embedding":
+        return [("repeats", (R(9, 5), np.array([[0, 4, 0], [8, 8, 2]])), {}),
+                ("one", (R(3, 2), np.array([1])), {})]
+    if op == "attention":
+        causal_kw = {"is_causal": True}
+        mask = r.random((5, 7)) > 0.4
+        mask[1] = False  # a query that sees no key: zeros
+        return [("causal", (R(2, 3, 8, 4), R(2, 3, 8, 4), R(2, 3, 8, 4), None), causal_kw),
+                ("full", (R(2, 5, 4), R(2, 7, 4), R(2, 7, 4), None), {}),
+                ("L<S causal", (R(1, 2, 3, 4), R(1, 2, 9, 4), R(1, 2, 9, 4), None), causal_kw),
+                ("bool_mask", (R(1, 5, 4), R(1, 7, 4), R(1, 7, 4), mask), {}),
+                ("additive", (R(2, 4, 4), R(2, 4, 4), R(2, 4, 4), R(4, 4)), {"scale": 0.3}),
+                ("broadcast_kv", (R(2, 3, 6, 4), R(1, 3, 6, 4), R(2, 1, 6, 4), None), causal_kw)]
+    return []
+
+
+def _as_tensors(arrays, device):
+    """Float arrays become tensors that require grad; int / bool arrays move to the device."""
+    def one(a):
+        if not isinstance(a, np.ndarray):
+            return a
+        if a.dtype.kind != "f":
+            return tg.to_device(a.copy(), device)
+        return tg.tensor(a.copy(), dtype=a.dtype, device=device, requires_grad=True)
+
+    return [one(a) for a in arrays]
+
+
+def _kept_bytes(fn: Function, inputs) -> int:
+    """Bytes of the arrays an op keeps for backward, not counting its inputs' own memory."""
+    ins = [t.data for t in inputs if isinstance(t, tg.Tensor)]
+
+    def arrays(v):
+        if hasattr(v, "nbytes") and hasattr(v, "dtype"):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                yield from arrays(x)
+
+    def shares(a, x):
+        return tg.get_array_module(a).may_share_memory(a, x)
+
+    return sum(a.nbytes for v in fn.__dict__.values() for a in arrays(v)
+               if not any(shares(a, x) for x in ins))
+
+
+def run(ref, arrays, kw, device="cpu", g_seed=1):
+    """Output, input gradients and kept bytes of ``ref.apply`` (whatever implementation runs)."""
+    ts = _as_tensors(arrays, device)
+    out = ref.apply(*ts, **kw)
+    kept = _kept_bytes(out._node, ts)
+    w = np.random.default_rng(g_seed).standard_normal(out.shape).astype(out.dtype)
+    (out * tg.tensor(w, device=device)).sum().backward()
+    return out, [t.grad if isinstance(t, tg.Tensor) else None for t in ts], kept, type(out._node)
+
+
+def check_kernel(name: str, op: str, label: str, arrays, kw, device="cpu"):
+    ref = REFERENCE[op]
+    with kernels.reference_only():
+        want, want_g, want_kept, want_impl = run(ref, arrays, kw, device)
+    with kernels.only(name):
+        got, got_g, got_kept, impl = run(ref, arrays, kw, device)
+    assert want_impl is ref
+    what = f"{name} on {op} case {label!r}"
+    assert impl is not ref, f"{what}: the kernel did not run"
+    dt = arrays[0].dtype.type
+    rtol, atol = TOL[dt]
+    scale = max(1.0, float(np.abs(want.numpy()).max(initial=0)))
+    assert got.dtype == want.dtype, f"{what}: output dtype {got.dtype} != {want.dtype}"
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=rtol, atol=atol * scale,
+                               err_msg=f"{what}: forward")
+    for i, (g, w) in enumerate(zip(got_g, want_g)):
+        if w is None:
+            assert g is None, f"{what}: input {i} got a gradient the reference does not give"
+            continue
+        assert g is not None and g.dtype == w.dtype, f"{what}: input {i} gradient dtype"
+        gs = max(1.0, float(np.abs(w.numpy()).max(initial=0)))
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=10 * rtol, atol=10 * atol * gs,
+                                   err_msg=f"{what}: gradient of input {i}")
+    assert got_kept <= want_kept, (
+        f"{what}: keeps {got_kept} bytes for backward, the reference {want_kept}"
+    )
+
+
+CPU = [k for k in kernels.registered(device="cpu") if k.op in REFERENCE]
+CUDA = [pytest.param(k, marks=pytest.mark.cuda, id=k.name)
+        for k in kernels.registered(device="cuda") if k.op in REFERENCE]
+
+
+def test_every_registered_op_has_cases():
+    for k in kernels.registered():
+        assert k.op in REFERENCE or k.op in ("adamw", "matmul"), f"{k.name}: no cases for {k.op}"
+        if k.op in REFERENCE:
+            assert cases(k.op), f"{k.name}: no cases for {k.op}"
+
+
+@pytest.mark.parametrize("kernel", CPU, ids=[k.name for k in CPU])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_matches_reference(kernel, dtype):
+    ran = 0
+    for label, arrays, kw in cases(kernel.op, dtype):
+        if kernel.when is None or kernel.when(*arrays, **kw):
+            check_kernel(kernel.name, kernel.op, label, arrays, kw)
+            ran += 1
+    if dtype == np.float32:
+        assert ran, f"{kernel.name}: its predicate accepted none of the {kernel.op} cases"
+
+
+@pytest.mark.parametrize("kernel", CUDA)
+def test_cuda_kernel_matches_reference(kernel):
+    if not tg.cuda.is_available():
+        pytest.skip(tg.cuda.unavailable_reason())
+    ran = 0
+    for label, arrays, kw in cases(kernel.op, np.float32):
+        on_gpu = [tg.to_device(a, "cuda") if isinstance(a, np.ndarray) else a for a in arrays]
+        if kernel.when is None or kernel.when(*on_gpu, **kw):
+            check_kernel(kernel.name, kernel.op, label, arrays, kw, device="cuda")
+            ran += 1
+    assert ran, f"{kernel.name}: its predicate accepted none of the {kernel.op} cases"
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 70), seed=st.integers(0, 2**16))
+def test_row_kernels_on_drawn_shapes(rows, cols, seed):
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal((rows, cols)) * 3).astype(np.float32)
+    w, b = r.standard_normal(cols).astype(np.float32), r.standard_normal(cols).astype(np.float32)
+    t = r.integers(0, cols, rows)
+    drawn = {"softmax": ((x,), {"dim": -1}), "log_softmax": ((x,), {"dim": -1}),
+             "layer_norm": ((x, w, b), {}), "gelu": ((x,), {"approximate": "tanh"}),
+             "cross_entropy": ((x, t), {}), "embedding": ((x, r.integers(0, rows, 7)), {})}
+    for k in CPU:
+        if k.op in drawn:
+            arrays, kw = drawn[k.op]
+            if k.when is None or k.when(*arrays, **kw):
+                check_kernel(k.name, k.op, f"drawn ({rows}, {cols})", arrays, kw)
+
+
+ADAMW = [k for k in kernels.registered("adamw", "cpu")]
+
+
+@pytest.mark.parametrize("kernel", ADAMW, ids=[k.name for k in ADAMW])
+@pytest.mark.parametrize("wd, step, n", [(0.0, 1, 10), (0.1, 7, 300_001)])
+def test_adamw_kernel_matches_reference(kernel, wd, step, n):
+    r = np.random.default_rng(step)
+    x, g = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+    m, v = x * 0.1, np.abs(g) * 0.01
+    hp = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": wd, "step": step}
+    want = [a.copy() for a in (x, m, v)]
+    adamw_update(want[0], g, want[1], want[2], **hp)
+    got = [a.copy() for a in (x, m, v)]
+    assert kernel.when(*got[:1], g, *got[1:])
+    kernel.impl(got[0], g, got[1], got[2], **hp)
+    for a, b, name in zip(got, want, ("param", "exp_avg", "exp_avg_sq")):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, err_msg=f"{kernel.name}: {name}")
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_a_wrong_kernel_is_caught(monkeypatch):
+    """A kernel whose gradient is off by a factor fails the registry check."""
+    monkeypatch.setattr(kernels, "_registry", {k: list(v) for k, v in kernels._registry.items()})
+
+    @kernels.register("softmax", "cpu", name="test.wrong_softmax",
+                      when=lambda x, dim=-1: dim in (-1, x.ndim - 1))
+    class WrongSoftmax(Function):
+        def forward(self, x, dim=-1):
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            y = e / e.sum(axis=-1, keepdims=True)
+            self.save(y)
+            return y
+
+        def backward(self, g):
+            (y,) = self.saved
+            return 2 * y * (g - (g * y).sum(axis=-1, keepdims=True))  # wrong: twice too big
+
+    label, arrays, kw = cases("softmax")[0]
+    with pytest.raises(AssertionError, match="gradient of input 0"):
+        check_kernel("test.wrong_softmax", "softmax", label, arrays, kw)
+
+
+def test_a_kernel_that_keeps_more_is_caught(monkeypatch):
+    monkeypatch.setattr(kernels, "_registry", {k: list(v) for k, v in kernels._registry.items()})
+
+    @kernels.register("gelu", "cpu", name="test.greedy_gelu")
+    class GreedyGelu(Gelu):
+        op = None
+
+        def forward(self, x, approximate="tanh"):
+            y = super().forward(x, approximate)
+            self.save(x, x * 1.0, x * 2.0)  # keeps two activations it does not need
+            return y
+
+        def backward(self, g):
+            self.saved = self.saved[:1]
+            return super().backward(g)
+
+    label, arrays, kw = cases("gelu")[0]
+    with pytest.raises(AssertionError, match="keeps .* bytes for backward"):
+        check_kernel("test.greedy_gelu", "gelu", label, arrays, kw)
+
+
+def test_switches_and_listing():
+    names = [k.name for k in kernels.registered()]
+    assert "cpu.chunked.softmax" in names and "cuda.flash_attention" in names
+    x = tg.randn(3, 4, requires_grad=True)
+    assert type(tg.functional.softmax(x)._node) is not Softmax  # a kernel ran
+    with kernels.reference_only():
+        assert type(tg.functional.softmax(x)._node) is Softmax
+    kernels.set_enabled(False, ["softmax"])
+    try:
+        assert not kernels.is_enabled("softmax")
+        assert type(tg.functional.softmax(x)._node) is Softmax
+    finally:
+        kernels.set_enabled(True, ["softmax"])
+    assert type(tg.functional.softmax(x)._node) is not Softmax
+    with pytest.raises(ValueError, match="unknown kernels"):
+        kernels.set_enabled(False, ["no_such_kernel"])
+    with pytest.raises(ValueError, match="already registered"):
+        kernels.register("softmax", "cpu", name="cpu.chunked.softmax")(object)
