@@ -281,6 +281,7 @@ def install(monkeypatch) -> None:
         if dev == "cuda" and op != "matmul":
             registry[(op, "cpu")] = list(ks) + registry.get((op, "cpu"), [])
     monkeypatch.setattr(kernels, "_registry", registry)
+    monkeypatch.setattr(kernels, "_enabled", True)  # also under TG_KERNELS=0
 
 
 def nvcc_check(source: str, arch: str = "sm_90") -> str:

@@ -262,7 +262,8 @@ def test_a_kernel_that_keeps_more_is_caught(monkeypatch):
         check_kernel("test.greedy_gelu", "gelu", label, arrays, kw)
 
 
-def test_switches_and_listing():
+def test_switches_and_listing(monkeypatch):
+    monkeypatch.setattr(kernels, "_enabled", True)  # also under TG_KERNELS=0
     names = [k.name for k in kernels.registered()]
     assert "cpu.chunked.softmax" in names and "cuda.flash_attention" in names
     x = tg.randn(3, 4, requires_grad=True)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import backend
 from ..autograd import Function, unbroadcast
 from ..kernels import register
-from ..ops.nn import check_attention, check_classes, loss_coef, reduce_losses
+from ..ops.nn import Embedding, check_attention, check_classes, loss_coef, reduce_losses
 from . import flash as FA
 from . import kernels as K
 
@@ -88,16 +88,8 @@ class CudaGelu(Function):
 
 @register("embedding", "cuda", name="cuda.embedding",
           when=lambda w, idx: on_gpu(w))  # (Function.apply checks idx is on w's device)
-class CudaEmbedding(Function):
-    """Backward: sorted ids, one block per id, so the sums are deterministic."""
-
-    def forward(self, w, idx):
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= w.shape[0]):
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-            raise IndexError(f"embedding: index {bad} is out of range for {w.shape[0]} rows")
-        self.save(idx)
-        self.wshape = w.shape
-        return w[idx]
+class CudaEmbedding(Embedding):
+    """The reference's forward; backward: sorted ids, one block per id (deterministic sums)."""
 
     def backward(self, g):
         (idx,) = self.saved

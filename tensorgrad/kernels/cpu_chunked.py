@@ -16,7 +16,7 @@ import numpy as np
 from ..autograd import Function, unbroadcast
 from ..backend import device_of, rng
 from ..ops.nn import (
-    GELU_C, SQRT_2_OVER_PI, causal_mask, check_attention, check_classes, loss_coef,
+    GELU_C, SQRT_2_OVER_PI, Embedding, causal_mask, check_attention, check_classes, loss_coef,
     reduce_losses,
 )
 from . import register
@@ -261,16 +261,9 @@ def _tanh_arg(xs, u):
 
 @register("embedding", "cpu", name="cpu.sorted.embedding",
           when=lambda w, idx: _float(w) and isinstance(idx, np.ndarray))
-class SortedEmbedding(Function):
-    """Backward sorts the ids and sums runs (add.reduceat): much faster than add.at."""
-
-    def forward(self, w, idx):
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= w.shape[0]):
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-            raise IndexError(f"embedding: index {bad} is out of range for {w.shape[0]} rows")
-        self.save(idx)
-        self.wshape = w.shape
-        return w[idx]
+class SortedEmbedding(Embedding):
+    """The reference's forward; backward sorts the ids and sums runs (add.reduceat), much
+    faster than add.at."""
 
     def backward(self, g):
         (idx,) = self.saved

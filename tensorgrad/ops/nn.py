@@ -259,7 +259,8 @@ class Dropout(Function):
 
 
 class Embedding(Function):
-    """Rows of w picked by integer ids; ∂L/∂w adds up g over repeated ids."""
+    """Rows of w picked by integer ids; ∂L/∂w adds up g over repeated ids (kernels subclass
+    it for a faster backward)."""
 
     op = "embedding"
 
@@ -318,7 +319,7 @@ class Attention(Function):
         if mask is not None and mask.dtype == bool:
             allowed = mask if allowed is None else (allowed & mask)
         elif mask is not None:
-            s = s + mask
+            s = s + mask.astype(s.dtype, copy=False)  # a float64 mask must not promote s
         if allowed is not None:
             s = xp.where(allowed, s, q.dtype.type(-xp.inf))
         m = s.max(axis=-1, keepdims=True)
