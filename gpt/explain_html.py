@@ -4,8 +4,10 @@ One self-contained page (inline CSS and SVG, nothing fetched, no script): the to
 flow chart of the forward stages with the residual skips, a table of every stage, each head's
 attention matrix as an SVG heat map (masked cells hatched), thumbnails of every block and
 head, the next-token bars, the loss terms, gradients and AdamW tables with the parameters the
-loss never reached in red, and the one W_Q weight worked by hand. Number formatting is shared
-with the terminal listing in ``gpt.explain_text``.
+loss never reached in red, the one W_Q weight worked by hand, then the evidence (finite
+differences, the embedding split, the predicted and measured loss change), the logit lens and
+the head ablation. Number formatting is shared with the terminal listing in
+``gpt.explain_text``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ def _heatmap(weights, allowed, labels, title, cell=None, uid="h") -> str:
                        f'font-size="11">{_e(_tok(labels[i], 12))}</text>')
         for j in range(T):
             x, y, w = pad + j * cell, pad + i * cell, weights[i][j]
-            if allowed[i][j]:
+            if allowed[i][j] and small:  # a thumbnail: no tooltip, a fraction of the bytes
+                out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
+                           f'fill="{_heat(w)}"/>')
+            elif allowed[i][j]:
                 tip = f"query t={i} {labels[i]!r} -> key s={j} {labels[j]!r}: {w:.4f}"
                 out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
                            f'fill="{_heat(w)}" stroke="#fff"><title>{_e(tip)}</title></rect>')
@@ -80,6 +85,9 @@ def _heatmap(weights, allowed, labels, title, cell=None, uid="h") -> str:
                     color = "#fff" if w > 0.5 else "#1f2933"
                     out.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
                                f'text-anchor="middle" fill="{color}">{w:.2f}</text>')
+            elif small:
+                out.append(f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
+                           f'height="{cell}" fill="#e4e7eb"/>')
             else:
                 tip = f"query t={i} -> key s={j}: masked (the future), weight {w:g}"
                 out.append(f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
@@ -237,5 +245,70 @@ def render_html(r: dict) -> str:
     p.append("</table>")
     calc = "\n".join(_element_text(ad["element"])[1:])  # the h2 above is the title
     p.append(f"<h2>8. One weight of W_Q by hand</h2><pre class=\"mono\">{_e(calc)}</pre>")
+    p += _evidence_html(r) + _lens_html(r)
     p.append("</body></html>\n")
     return "\n".join(p)
+
+
+def _evidence_html(r) -> list[str]:
+    p = []
+    fd = r.get("finite_differences") or []
+    if fd:
+        p.append("<h2>Evidence: tape gradients against float64 finite differences</h2><table>"
+                 '<tr><th class="l">element</th><th>∂L/∂w (tape, float32)</th>'
+                 "<th>(L(w+h) - L(w-h))/2h (float64)</th><th>rel. error</th><th></th></tr>")
+        p += [f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{_e(e["label"])}'
+              f'{e["index"]}</td><td>{_e(_f6(e["grad"]))}</td><td>{_e(_f6(e["fd"]))}</td>'
+              f'<td>{_g(e["rel_err"])}</td><td>{"agree" if e["agree"] else "DISAGREE"}</td></tr>'
+              for e in fd]
+        p.append("</table>")
+    es = r.get("embedding_split") or {}
+    if es.get("tied"):
+        p.append("<h2>The tied embedding's gradient: from the logits + from the lookup</h2>"
+                 f"<p>‖from the logits H·Eᵀ‖ = {es['logits_norm']:.6g}, ‖from the lookup E[x]‖ = "
+                 f"{es['lookup_norm']:.6g}; their sum has norm {es['sum_norm']:.6g}, E's gradient "
+                 f"{es['total_norm']:.6g}; max |sum − E.grad| = {es['max_abs_diff']:.1e}.</p>"
+                 '<table><tr><th class="l">token row</th><th>‖logits part‖</th>'
+                 "<th>‖lookup part‖</th><th>‖total‖</th></tr>")
+        p += [f'<tr><td class="l mono">{_e(_tok(w["token"]))}</td><td>{w["logits_norm"]:.4g}</td>'
+              f'<td>{w["lookup_norm"]:.4g}</td><td>{w["total_norm"]:.4g}</td></tr>'
+              for w in es["rows"]]
+        p.append("</table>")
+    c = r.get("loss_change")
+    if c:
+        p.append("<h2>Did the update do what the gradient promised?</h2>"
+                 f"<p>Predicted to first order, ΔL ≈ Σ g·Δw = <b>{c['predicted']:+.6e}</b>; "
+                 f"measured in float64, L after − L before = {c['loss_after']:.8f} − "
+                 f"{c['loss_before']:.8f} = <b>{c['measured']:+.6e}</b> (ratio "
+                 f"{_g(c['ratio'])}; the rest is second order in lr).</p>")
+    return p
+
+
+def _f6(x) -> str:
+    return "-" if x is None else f"{x:+.6e}"
+
+
+def _lens_html(r) -> list[str]:
+    p, lens, a = [], r.get("lens"), r.get("ablation")
+    t = r["shown"]["position"]
+    if lens:
+        nt = r["predictions"][t]
+        p.append(f"<h2>Logit lens at t={t} (after {_e(_tok(nt['input']))}, target "
+                 f"{_e(_tok(nt['target']))})</h2><p>The residual stream after each block, read "
+                 "through ln_f and the unembedding as if the model ended there.</p><table>"
+                 '<tr><th class="l">read after</th><th>lens loss</th><th>p(target)</th>'
+                 '<th class="l">top tokens</th></tr>')
+        for lay in lens["layers"]:
+            q = lay["positions"][t]
+            top = ", ".join(f"{_tok(e['token'])} {e['prob']:.3f}" for e in q["top"])
+            p.append(f'<tr><td class="l">{_e(lay["after"])}</td><td>{lay["loss"]:.4f}</td>'
+                     f'<td>{q["target_prob"]:.5f}</td><td class="l mono">{_e(top)}</td></tr>')
+        p.append("</table>")
+    if a:
+        p.append(f"<h2>Head ablation: Δloss when one head's output is zeroed (loss "
+                 f"{a['loss']:.6f})</h2><table><tr><th>block \\ head</th>"
+                 + "".join(f"<th>{h}</th>" for h in range(len(a["delta"][0]))) + "</tr>")
+        p += [f"<tr><td>{i}</td>" + "".join(f"<td>{d:+.3e}</td>" for d in row) + "</tr>"
+              for i, row in enumerate(a["delta"])]
+        p.append("</table>")
+    return p

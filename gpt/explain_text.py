@@ -1,7 +1,9 @@
 """gpt-explain's terminal listing: ``render_text(report)`` for a report of ``gpt.explain``.
 
 Section by section as the report runs (tokens, forward stages, attention matrices, next
-token, loss terms, gradients, AdamW), in fixed-width columns; masked attention cells print as
+token, loss terms, gradients with their finite-difference checks and the embedding split,
+AdamW, the predicted and measured loss change, the logit lens, the head ablation), in
+fixed-width columns; masked attention cells print as
 ``·``, and parameters the loss never reached are flagged with ``!!!``. The small number and
 token formatters here (``_f``, ``_g``, ``_tok``, ``_shape``) and the AdamW-by-hand lines
 (``_element_text``) are shared with the HTML page in ``gpt.explain_html``.
@@ -91,7 +93,8 @@ def render_text(r: dict) -> str:
             for t in lo["terms"]]
     out.append(f"  loss = mean of the {T} terms = {lo['value']:.6f}  (mean recomputed "
                f"{lo['mean_of_terms']:.6f}; model(idx, targets) gives {lo['model_forward']:.6f})")
-    out += _gradients_text(r) + _adamw_text(r)
+    out += _gradients_text(r) + _checks_text(r) + _adamw_text(r) + _change_text(r)
+    out += _lens_text(r) + _ablation_text(r)
     return "\n".join(out) + "\n"
 
 
@@ -164,8 +167,10 @@ def _element_text(e):
         f"  g = ∂L/∂w                 = {e['grad']:+.6e}",
         (f"  lr = {e['lr']:g}, β1 = {e['beta1']:g}, β2 = {e['beta2']:g}, ε = {e['eps']:g}, "
          f"weight decay λ = {e['weight_decay']:g}, step t = {e['step']}"),
-        f"  m = β1·m + (1-β1)·g       = {e['m']:+.6e}   (m starts at 0)",
-        f"  v = β2·v + (1-β2)·g²      = {e['v']:.6e}   (v starts at 0)",
+        f"  m = β1·m + (1-β1)·g       = {e['m']:+.6e}   " + (
+            "(m starts at 0)" if e["step"] == 1 else f"(m was {e['m_prev']:+.6e})"),
+        f"  v = β2·v + (1-β2)·g²      = {e['v']:.6e}   " + (
+            "(v starts at 0)" if e["step"] == 1 else f"(v was {e['v_prev']:.6e})"),
         f"  m̂ = m / (1-β1^t)          = {e['m_hat']:+.6e}   (1-β1^t = {e['bias_correction1']:.6g})",
         f"  v̂ = v / (1-β2^t)          = {e['v_hat']:.6e}   (1-β2^t = {e['bias_correction2']:.6g})",
         f"  w·(1 - lr·λ)              = {e['decayed']:+.10f}   (decoupled weight decay)",
@@ -175,4 +180,78 @@ def _element_text(e):
         f"  plain SGD, w - lr·g, would give {e['sgd_new']:+.10f}: Adam's first step moves every",
         "  weight by about lr whatever the size of its gradient (m̂/√v̂ = sign(g) at t = 1)",
     ]
+    return out
+
+
+def _checks_text(r):
+    fd, es = r.get("finite_differences") or [], r.get("embedding_split") or {}
+    out = []
+    if fd:
+        bad = sum(not e["agree"] for e in fd)
+        out += ["", ("== 6b. evidence: tape gradient (float32) vs float64 central difference "
+                     "(L(w+h) - L(w-h))/2h =="),
+                f"  {'element':<24} {'∂L/∂w (tape)':>14} {'finite diff.':>14} {'rel. err':>9}"]
+        out += [(f"  {e['label'] + str(e['index']):<24} {_e6(e['grad']):>14} "
+                 f"{_e6(e['fd']):>14} {_g(e['rel_err']):>9}  "
+                 f"{'agree' if e['agree'] else '!!! DISAGREE'}") for e in fd]
+        out.append(f"  {len(fd) - bad} of {len(fd)} agree" + (f"; !!! {bad} DO NOT" if bad else ""))
+    if es.get("tied"):
+        out += ["", ("== 6c. the tied embedding E gets its gradient twice: logits H·Eᵀ and "
+                     "lookup E[x] =="),
+                (f"  ‖from the logits‖ {es['logits_norm']:.6g} + ‖from the lookup‖ "
+                 f"{es['lookup_norm']:.6g}: ‖sum‖ {es['sum_norm']:.6g}, ‖E.grad‖ "
+                 f"{es['total_norm']:.6g}, max |sum - E.grad| = {es['max_abs_diff']:.1e}"),
+                f"  {'token':<16} {'‖logits part‖':>14} {'‖lookup part‖':>14} {'‖total‖':>10}"]
+        out += [f"  {_tok(w['token'], 16)} {w['logits_norm']:>14.4g} {w['lookup_norm']:>14.4g} "
+                f"{w['total_norm']:>10.4g}" for w in es["rows"]]
+        out.append("  (rows of tokens that are not inputs get only the logits part)")
+    return out
+
+
+def _e6(x) -> str:
+    return "-" if x is None else f"{x:+.6e}"
+
+
+def _change_text(r):
+    c = r.get("loss_change")
+    if not c:
+        return []
+    return ["", "== 8b. did the update do what the gradient promised? " + "=" * 18,
+            f"  predicted to first order: ΔL ≈ Σ g·Δw = {c['predicted']:+.6e}",
+            (f"  measured (float64): L after {c['loss_after']:.8f} - L before "
+             f"{c['loss_before']:.8f} = {c['measured']:+.6e}"),
+            (f"  measured / predicted = {_g(c['ratio'])}; the rest, {c['second_order']:+.2e}, "
+             "is the second-order term (shrinks as lr²)"),
+            "  largest contributions g·Δw: " + ", ".join(
+                f"{t['param']} {t['g_dw']:+.2e}" for t in c["top"][:3])]
+
+
+def _lens_text(r):
+    lens = r.get("lens")
+    if not lens:
+        return []
+    t = r["shown"]["position"]
+    nt = r["predictions"][t]
+    out = ["", f"== 9. logit lens at t={t} (after {_tok(nt['input'])}, target "
+           f"{_tok(nt['target'])}): ln_f(x)·Eᵀ read after each block " + "=" * 4,
+           f"  {'read after':<12} {'lens loss':>9} {'p(target)':>10}  top {lens['top_k']}"]
+    for lay in lens["layers"]:
+        q = lay["positions"][t]
+        top = ", ".join(f"{_tok(e['token'])} {e['prob']:.3f}" for e in q["top"])
+        out.append(f"  {lay['after']:<12} {lay['loss']:9.4f} {q['target_prob']:10.6f}  {top}")
+    return out
+
+
+def _ablation_text(r):
+    a = r.get("ablation")
+    if not a:
+        return []
+    nh = len(a["delta"][0])
+    out = ["", (f"== 10. head ablation: Δloss when one head's output is zeroed (loss "
+                f"{a['loss']:.6f}) =="),
+           "  block " + "".join(f"{'head ' + str(h):>12}" for h in range(nh))]
+    out += [f"  {i:>5} " + "".join(f"{d:>+12.3e}" for d in row) for i, row in enumerate(a["delta"])]
+    m = a["most_important"]
+    out.append(f"  the loss leans most on block {m['layer']} head {m['head']} "
+               f"(Δloss {m['delta']:+.3e})")
     return out
