@@ -8,7 +8,7 @@
 
 import numpy as _np
 
-from . import functional, kernels, nn, optim
+from . import distributed, functional, kernels, nn, optim
 from . import viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cuda_available, get_rng_state, manual_seed, set_rng_state
@@ -39,4 +39,5 @@ __all__ = [
     "rand", "randint", "arange", "cat", "concat", "stack", "where", "tril", "triu", "no_grad",
     "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed", "get_rng_state",
     "set_rng_state", "gradcheck", "GradcheckError", "functional", "nn", "cuda", "from_numpy",
+    "distributed",
 ]
