@@ -4,6 +4,7 @@
     gpt-train --data notes/ --tokenizer bpe --vocab-size 2048 --max-iters 500
     gpt-train --resume --out-dir out/shakespeare-char       # continue exactly where it stopped
     gpt-train --init-from gpt2/ --data my.txt --lr 3e-5 --max-iters 200   # fine-tune GPT-2
+    OPENBLAS_NUM_THREADS=1 mpiexec -n 2 gpt-train   # data parallel, same losses (gpt/dist_train.py)
 
 Configuration: TrainConfig's defaults, then (with --resume) the checkpoint's config, then a
 --config JSON file, then the command-line flags; the resolved config goes into every
@@ -32,13 +33,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import tensorgrad as tg
 from tensorgrad import to_device
 from tensorgrad.cuda import set_matmul_precision
 
 from . import diagnostics as diag
+from . import dist_train
 from . import run_checkpoint as rc
 from .checkpoint import CheckpointError, atomic_write_bytes
 from .config import PRESETS, GPTConfig
@@ -424,21 +424,24 @@ class Metrics:
 # ----------------------------------------------------------------------------- helpers
 @tg.no_grad()
 def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
-                  stop: dict | None = None) -> dict | None:
+                  stop: dict | None = None, ddp: dist_train.Run | None = None) -> dict | None:
     """Mean loss over eval_iters batches of each sampler, with dropout off; None when
-    stop['signal'] gets set meanwhile (the run is being interrupted)."""
+    stop['signal'] gets set meanwhile (the run is being interrupted). Under mpiexec rank r
+    evaluates batches r, r + N, ... (every rank draws them all, so the samplers stay alike)."""
+    ddp = ddp or dist_train.SINGLE
     model.eval()
     out = {}
     for split, sampler in samplers.items():
-        losses = []
-        for _ in range(eval_iters):
-            if stop and stop.get("signal"):
+        total = 0.0
+        for i in range(eval_iters):
+            if ddp.agree_stop(stop):
                 model.train()
                 return None
             x, y = sampler.next_batch()
-            _, loss = model(to_device(x, device), to_device(y, device))
-            losses.append(loss.item())
-        out[split] = float(np.mean(losses))
+            if i % ddp.world_size == ddp.rank:
+                _, loss = model(to_device(x, device), to_device(y, device))
+                total += loss.item()
+        out[split] = ddp.mean(total) * ddp.world_size / eval_iters
     model.train()
     return out
 
@@ -460,6 +463,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
     err = sys.stderr
     c, ckpt, control = resolve_config(argv)
     validate(c)
+    ddp = dist_train.setup(c, UsageError)  # this process's rank (one, without mpiexec)
     out = Path(c.out_dir)
     if ckpt is None and rc.has_checkpoint(out):
         if not control["overwrite"]:
@@ -468,7 +472,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
         for d in (out / rc.BEST_DIR, out):
             (d / rc.CKPT_JSON).unlink(missing_ok=True)  # ckpt.json first: no half checkpoint
             for f in [*d.glob("model-*.safetensors"), *d.glob("optim-*.safetensors")]:
-                f.unlink()
+                f.unlink(missing_ok=True)  # (another rank may delete it first)
     lr_decay_iters = c.lr_decay_iters or c.max_iters
     tg.manual_seed(c.seed)
 
@@ -483,7 +487,8 @@ def train(argv: list[str] | None, stop: dict) -> int:
             fixed_tok = load_tokenizer_dir(c.init_from)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {c.init_from}: {e}") from None
-    data_dir, meta, tok = load_data(c, fixed_tok)
+    with ddp.one_at_a_time():  # under mpiexec the first rank prepares, the others reuse
+        data_dir, meta, tok = load_data(c, fixed_tok)
     if ckpt is not None and (ckpt.get("data", {}).get("source_hash") != meta["source_hash"]
                              or ckpt.get("tokenizer") != tok.to_dict()):
         raise UsageError(f"--resume: the training text or its tokenizer changed since the "
@@ -538,8 +543,10 @@ def train(argv: list[str] | None, stop: dict) -> int:
         start, val_loss = ckpt["iter"], ckpt.get("val_loss")
         best_val = ckpt.get("best_val_loss") or math.inf
         elapsed0, tokens_seen = ckpt.get("elapsed_s", 0.0), ckpt.get("tokens_seen", 0)
+    ddp.start(model, optimizer, ckpt, start)  # mpiexec: rank 0's weights, each rank's RNG
     out.mkdir(parents=True, exist_ok=True)
-    metrics = Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
+    metrics = (Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
+               if ddp.is_main else dist_train.NoMetrics())
 
     tokens_per_iter = c.batch_size * T * c.grad_accum
     what = (f"GPT-2 from {c.init_from}" if c.init_from else f"preset {c.preset}")
@@ -564,6 +571,9 @@ def train(argv: list[str] | None, stop: dict) -> int:
             "data": {"dir": str(data_dir), "source_hash": meta["source_hash"]},
             "tokenizer": tok.to_dict(),
         }
+        state = ddp.checkpoint_state(state, model)  # every rank's RNG (all ranks call this)
+        if not ddp.is_main:
+            return
         rc.save(out, state, model, optimizer)
         if best:
             rc.save(out / rc.BEST_DIR, state, model)
@@ -579,13 +589,13 @@ def train(argv: list[str] | None, stop: dict) -> int:
     it = start
     try:
         while True:
-            if stop.get("signal"):
+            if ddp.agree_stop(stop):
                 break
             # evaluate and checkpoint (a resumed run did this before its checkpoint)
             if (it % c.eval_interval == 0 or it == c.max_iters) and it != saved_at:
                 losses = estimate_loss(model, {"train": samplers["train_eval"],
                                                "val": samplers["val"]}, c.eval_iters, c.device,
-                                       stop)
+                                       stop, ddp)
                 if losses is None:
                     break
                 val_loss = losses["val"]
@@ -599,7 +609,8 @@ def train(argv: list[str] | None, stop: dict) -> int:
                     note = " (best, saved)" if is_best else " (saved)"
                 bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss "
                           f"{val_loss:.4f}{note}", file=err)
-                diag.plot_metrics(metrics.records, out / "loss.png")
+                if ddp.is_main:
+                    diag.plot_metrics(metrics.records, out / "loss.png")
             if it >= c.max_iters:
                 break
 
@@ -609,16 +620,15 @@ def train(argv: list[str] | None, stop: dict) -> int:
             for g in optimizer.param_groups:
                 g["lr"] = lr
             loss_sum = 0.0
-            for _ in range(c.grad_accum):
-                x, y = samplers["train"].next_batch()
+            for x, y, weight, last in ddp.micro_batches(samplers["train"]):  # this rank's share
                 _, loss = model(to_device(x, c.device), to_device(y, c.device))
-                loss_sum += loss.item()
-                if not math.isfinite(loss_sum):
+                loss_sum += loss.item() * weight
+                if not math.isfinite(loss_sum) and not ddp.active:  # (ranks finish the step)
                     break
-                if c.grad_accum > 1:
-                    loss = loss * (1.0 / c.grad_accum)  # the step follows the mean gradient
-                loss.backward()
-            loss_val = loss_sum / c.grad_accum
+                if weight != 1.0:
+                    loss = loss * weight  # the step follows the mean gradient
+                ddp.backward(loss, sync=last)  # mpiexec: then the gradients are averaged
+            loss_val = ddp.mean(loss_sum)
             if c.diagnose and it == start:
                 report = diag.grad_report(model)
                 bad = [r for r in report if r["status"] != diag.OK]
@@ -664,7 +674,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
         bar.close()
         metrics.close()
 
-    if stop.get("signal"):
+    if ddp.agree_stop(stop):
         name = signal.Signals(stop["signal"]).name
         if saved_at != it:
             checkpoint(it)
@@ -674,10 +684,11 @@ def train(argv: list[str] | None, stop: dict) -> int:
 
     # -- the end: final loss and a sample ------------------------------------------------------
     if val_loss is None:
-        val_loss = estimate_loss(model, {"val": samplers["val"]}, c.eval_iters, c.device)["val"]
+        val_loss = estimate_loss(model, {"val": samplers["val"]}, c.eval_iters, c.device,
+                                 ddp=ddp)["val"]
     print(f"final val loss {val_loss:.4f} (best {best_val:.4f}) after {it} iterations; "
           f"checkpoints in {out}")
-    if c.sample_tokens:
+    if c.sample_tokens and ddp.is_main:
         from .sample import start_ids, stream_sample
 
         print("---------------- sample (temperature 0.8, top_k 200) ----------------")
@@ -698,8 +709,9 @@ def main(argv: list[str] | None = None) -> int:
         if stop.get("signal"):  # a second one: give up at once (the last checkpoint stands)
             raise KeyboardInterrupt
         stop["signal"] = signum
-        os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, then "
-                 "saving a checkpoint (Ctrl-C again to quit without saving)\n".encode())
+        if dist_train.launch_rank() == 0:  # (under mpiexec every rank gets it)
+            os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, then "
+                     "saving a checkpoint (Ctrl-C again to quit without saving)\n".encode())
 
     previous = {}
     try:
@@ -708,7 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: no handlers, Ctrl-C raises as usual
         pass
     try:
-        return train(argv, stop)
+        with dist_train.launch({UsageError: EXIT_USAGE, KeyboardInterrupt: EXIT_SIGINT},
+                               UsageError):  # mpiexec: only rank 0 prints; a failure stops all
+            return train(argv, stop)
     except UsageError as e:
         print(f"gpt-train: error: {e}", file=sys.stderr)
         return EXIT_USAGE

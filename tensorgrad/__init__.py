@@ -8,7 +8,7 @@
 
 import numpy as _np
 
-from . import cuda, functional, kernels, nn, optim, viz
+from . import cuda, distributed, functional, kernels, nn, optim, viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import (
     device_of, get_array_module, get_rng_state, manual_seed, set_rng_state, to_device, to_numpy,
@@ -38,5 +38,5 @@ __all__ = [
     "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed", "get_rng_state",
     "set_rng_state", "generator", "gradcheck", "GradcheckError", "functional", "nn", "optim",
     "cuda", "kernels", "from_numpy", "as_array", "get_array_module", "device_of", "to_device",
-    "to_numpy", "tune_cpu_malloc",
+    "to_numpy", "tune_cpu_malloc", "distributed",
 ]

@@ -114,6 +114,14 @@ def require_cublas():
     return cublas
 
 
+def require_nccl():
+    """CuPy's NCCL bindings (for data-parallel GPU runs); ImportError when CuPy has none."""
+    require_cupy()
+    from cupy.cuda import nccl  # noqa: PLC0415
+
+    return nccl
+
+
 def get_array_module(*arrays):
     """NumPy or CuPy, whichever holds the arrays (NumPy for scalars)."""
     if _multi:
