@@ -77,9 +77,7 @@ class OpProfiler:
 
         autograd._accumulate = acc
         self.patched.append((autograd, "_accumulate", orig_acc))
-        from tensorgrad.tensor import Tensor
-
-        orig_leaf = Tensor._accumulate_grad
+        orig_leaf = autograd._accumulate_grad
 
         def leaf(t, g):
             first = t.grad is None
@@ -90,8 +88,8 @@ class OpProfiler:
             self.time[key] += time.perf_counter() - s
             self.calls[key] += 1
 
-        Tensor._accumulate_grad = leaf
-        self.patched.append((Tensor, "_accumulate_grad", orig_leaf))
+        autograd._accumulate_grad = leaf
+        self.patched.append((autograd, "_accumulate_grad", orig_leaf))
 
     def uninstall(self):
         for obj, name, orig in reversed(self.patched):

@@ -145,7 +145,7 @@ class TorchGPT(nn.Module):
 
 def load_tensorgrad_state(model: TorchGPT, tg_model) -> None:
     """Copy every parameter of a tensorgrad GPT into ``model`` by its GPT-2 name."""
-    state = {n: torch.from_numpy(a.copy()) for n, a in tg_model.state_dict().items()}
+    state = {n: torch.from_numpy(a.numpy().copy()) for n, a in tg_model.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # the tied lm_head shares wte's storage, so it may be reported either way
     if [m for m in missing if m != "lm_head.weight"] or [u for u in unexpected if u != "lm_head.weight"]:

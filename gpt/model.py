@@ -6,6 +6,7 @@ size, V vocabulary, S keys (T plus cached positions when generating).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -340,6 +341,27 @@ class GPT(nn.Module):
         from .checkpoint import load_hf_gpt2
 
         return load_hf_gpt2(cls, Path(path))
+
+    # ------------------------------------------------------------------ nanoGPT's names
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """nanoGPT's name for ``num_params``."""
+        return self.num_params(non_embedding)
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context to ``block_size`` (e.g. to fine-tune GPT-2 on shorter windows)."""
+        if not 0 < block_size <= self.config.block_size:
+            raise ValueError(f"crop_block_size: {block_size} is not in [1, "
+                             f"{self.config.block_size}]")
+        self.config = dataclasses.replace(self.config, block_size=block_size)
+        wpe = self.transformer.wpe
+        wpe.weight = nn.Parameter(wpe.weight.data[:block_size].copy())
+        wpe.num_embeddings = block_size
+
+    def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float = 312e12) -> float:
+        """Model FLOPs utilisation as nanoGPT reports it: achieved training FLOP/s over
+        ``peak_flops`` (default an A100's bf16 peak, nanoGPT's; pass your hardware's)."""
+        T = self.config.block_size
+        return self.estimate_flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 
 
 def _dev(xp) -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+import tensorgrad as tg
+
 from .checkpoint import CheckpointError, atomic_write_json, load_arrays, read_json, save_arrays
 from .config import GPTConfig
 
@@ -69,7 +71,7 @@ def has_checkpoint(directory) -> bool:
 
 def model_arrays(model) -> dict:
     """model.state_dict() without the duplicate name of a tied unembedding."""
-    state = dict(model.state_dict())
+    state = {k: tg.as_array(v) for k, v in model.state_dict().items()}  # Tensors -> arrays
     if getattr(model, "lm_head", 0) is None:
         state.pop("lm_head.weight", None)
     return state

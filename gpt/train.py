@@ -640,7 +640,8 @@ def train(argv: list[str] | None, stop: dict) -> int:
                               f"gradient at iter {it}", file=err)
             want_diag = c.diagnose and it % c.eval_interval == 0
             gnorms = diag.grad_norms(model) if want_diag else None
-            grad_norm = clip_grad_norm_(params, c.grad_clip) if math.isfinite(loss_val) else None
+            grad_norm = (float(clip_grad_norm_(params, c.grad_clip)) if math.isfinite(loss_val)
+                         else None)
             if not math.isfinite(loss_val) or not math.isfinite(grad_norm):
                 what = "loss" if not math.isfinite(loss_val) else "gradient norm"
                 value = loss_val if not math.isfinite(loss_val) else grad_norm

@@ -4,39 +4,68 @@
     import tensorgrad.functional as F
     x = tg.randn(4, 3, requires_grad=True)
     F.softmax(x @ x.T, dim=-1).sum().backward()
+
+Its names are PyTorch's (``import tensorgrad as torch`` ports GPT code; see the README's
+"Porting from PyTorch" for what differs).
 """
+
+from importlib import metadata as _metadata
 
 import numpy as _np
 
 from . import cuda, distributed, functional, kernels, nn, optim, viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import (
-    device_of, get_array_module, get_rng_state, manual_seed, set_rng_state, to_device, to_numpy,
+    device_of, get_array_module, get_rng_state, set_rng_state, to_device, to_numpy,
     tune_cpu_malloc,
 )
 from .backend import rng as generator
 from .factory import (
-    arange, cat, concat, empty, full, ones, ones_like, rand, randint, randn, stack, tensor, tril,
-    triu, where, zeros, zeros_like,
+    Generator, arange, cat, concat, default_generator, empty, empty_like, eye, full, full_like,
+    linspace, manual_seed, multinomial, ones, ones_like, rand, rand_like, randint, randn,
+    randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like,
 )
+from .functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)
+from .functions import __all__ as _functions_all
 from .gradcheck import GradcheckError, gradcheck
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
-from .tensor import Tensor, as_array
+from .ops.dtypes import result_type
+from .serialization import load, save
+from .tensor import Size, Tensor, as_array
+
+try:
+    __version__ = _metadata.version("tensorgrad-gpt")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.1.0"
 
 float32, float64, float16 = _np.float32, _np.float64, _np.float16
-int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
-long = int64
+int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
+uint8, bool_ = _np.uint8, _np.bool_
+long, half, double = int64, float16, float64
+# torch.float, torch.int, torch.bool (last: inside this module they shadow the builtins)
+float, int, bool = float32, int32, bool_
 
 
 def from_numpy(a) -> Tensor:
     return Tensor(a, dtype=a.dtype)
 
 
+def is_tensor(x) -> bool:
+    return isinstance(x, Tensor)
+
+
+def get_default_dtype():
+    return float32
+
+
 __all__ = [
-    "Tensor", "tensor", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "randn",
-    "rand", "randint", "arange", "cat", "concat", "stack", "where", "tril", "triu", "no_grad",
-    "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed", "get_rng_state",
-    "set_rng_state", "generator", "gradcheck", "GradcheckError", "functional", "nn", "optim",
-    "cuda", "kernels", "from_numpy", "as_array", "get_array_module", "device_of", "to_device",
-    "to_numpy", "tune_cpu_malloc", "distributed",
+    "Tensor", "Size", "tensor", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
+    "full_like", "empty_like", "randn", "rand", "randn_like", "rand_like", "randint", "randperm",
+    "multinomial", "Generator", "default_generator", "arange", "linspace", "eye", "cat",
+    "concat", "stack", "where", "tril", "triu", "no_grad", "enable_grad", "set_grad_enabled",
+    "is_grad_enabled", "manual_seed", "get_rng_state", "set_rng_state", "generator", "gradcheck",
+    "GradcheckError", "functional", "nn", "optim", "cuda", "kernels", "from_numpy", "as_array",
+    "is_tensor", "get_array_module", "device_of", "to_device", "to_numpy", "tune_cpu_malloc",
+    "save", "load", "result_type", "get_default_dtype", "__version__", "distributed",
 ]
+__all__.extend(_functions_all)

@@ -1,10 +1,15 @@
-"""Creating tensors (tensor, zeros, randn, arange, ...) and combining them (cat, stack, where)."""
+"""Creating tensors (tensor, zeros, randn, arange, ...), drawing random ones (multinomial,
+Generator) and combining them (cat, stack, where)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import backend
 from .backend import device_of, parse_device, rng, xp_for
+from .ops import elementwise as E
+from .ops import shape as shape_ops
+from .ops.dtypes import scalar_dtype
 from .tensor import DEFAULT_DTYPE, Tensor, as_array
 
 
@@ -34,39 +39,198 @@ def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """A tensor of ``fill_value``; its dtype follows the value as PyTorch's: bool, int64, or
+    float32 for a float."""
     xp = xp_for(parse_device(device))
-    return _new(xp.full(tuple(size), fill_value, dtype=dtype or DEFAULT_DTYPE), requires_grad)
+    v = fill_value.item() if isinstance(fill_value, Tensor) else fill_value
+    dt = dtype or scalar_dtype(v)
+    return _new(xp.full(_shape((size,)), v, dtype=dt), requires_grad)
 
 
-def empty(*size, dtype=None, device=None) -> Tensor:
-    return zeros(*size, dtype=dtype, device=device)
+def empty(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
-def zeros_like(t: Tensor, dtype=None) -> Tensor:
-    return zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
+def _like(t, dtype, device):
+    return t.shape, dtype or t.dtype, device or t.device
 
 
-def ones_like(t: Tensor, dtype=None) -> Tensor:
-    return ones(t.shape, dtype=dtype or t.dtype, device=t.device)
+def zeros_like(t: Tensor, dtype=None, device=None, requires_grad=False) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    return zeros(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
-def randn(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+def ones_like(t: Tensor, dtype=None, device=None, requires_grad=False) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    return ones(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def full_like(t: Tensor, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    return full(shape, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+empty_like = zeros_like
+
+
+# ----------------------------------------------------------------------------- random
+class Generator:
+    """A random generator of its own, as torch.Generator: ``tg.Generator().manual_seed(42)``
+    passed as ``generator=`` draws independently of the global seed. ``tg.manual_seed``
+    returns the global one (it follows every later ``tg.manual_seed``)."""
+
+    def __init__(self, device="cpu", _default: bool = False):
+        self.device = parse_device(device)
+        self._default = _default
+        self._seed = backend.generators.seed if _default else 67280421310721
+        self._gens = {}
+
+    def manual_seed(self, seed: int) -> Generator:
+        if self._default:
+            backend.manual_seed(seed)
+        self._seed, self._gens = int(seed), {}
+        return self
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def seed(self) -> int:
+        return self.manual_seed(int(np.random.SeedSequence().entropy % 2**63))._seed
+
+    def rng(self, device: str = "cpu"):
+        """The backend generator for ``device`` (NumPy's, or CuPy's on the GPU)."""
+        if self._default:
+            return rng(device)
+        device = parse_device(device)
+        if device not in self._gens:
+            if device == "cpu":
+                self._gens[device] = np.random.Generator(np.random.PCG64(self._seed))
+            else:
+                xp = xp_for(device)
+                self._gens[device] = xp.random.Generator(xp.random.XORWOW(self._seed))
+        return self._gens[device]
+
+    def get_state(self) -> dict:
+        return backend.get_rng_state() if self._default else {
+            "seed": self._seed, "cpu": self.rng("cpu").bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        if self._default:
+            backend.set_rng_state(state)
+        else:
+            self.manual_seed(state["seed"])
+            self._gens["cpu"].bit_generator.state = state["cpu"]
+
+
+default_generator = Generator(_default=True)
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed every device's generator, so that a run repeats exactly; returns the generator."""
+    return default_generator.manual_seed(seed)
+
+
+def _gen(generator, device):
+    return (generator or default_generator).rng(device)
+
+
+def _draw_float(g, method: str, shape, dtype):
+    dt = np.dtype(dtype or DEFAULT_DTYPE)
+    if dt.kind != "f":
+        raise TypeError(f"{method}: dtype must be a floating type, got {dt}")
+    # the generators draw float32 or float64 only; other floats are cast from float32
+    direct = dt in (np.dtype(np.float32), np.dtype(np.float64))
+    arr = getattr(g, method)(shape, dtype=dt if direct else np.float32)
+    return arr if direct else arr.astype(dt)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False, generator=None) -> Tensor:
     """Standard normal samples from the seeded generator (``tg.manual_seed``)."""
-    dev = parse_device(device)
-    arr = rng(dev).standard_normal(_shape(size), dtype=np.dtype(dtype or DEFAULT_DTYPE))
+    g = _gen(generator, parse_device(device))
+    return _new(_draw_float(g, "standard_normal", _shape(size), dtype), requires_grad)
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False, generator=None) -> Tensor:
+    """Uniform samples in [0, 1) from the seeded generator."""
+    g = _gen(generator, parse_device(device))
+    return _new(_draw_float(g, "random", _shape(size), dtype), requires_grad)
+
+
+def randn_like(t: Tensor, dtype=None, device=None, requires_grad=False) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    return randn(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def rand_like(t: Tensor, dtype=None, device=None, requires_grad=False) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    return rand(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def randint(*args, size=None, dtype=None, device=None, generator=None,
+            requires_grad=False) -> Tensor:
+    """Integers in [low, high): ``randint(low, high, size)`` or ``randint(high, size)``."""
+    args = list(args)
+    if size is None:
+        if not args or not isinstance(args[-1], (tuple, list)):
+            raise TypeError("randint: expected randint(low, high, size) or randint(high, size)")
+        size = args.pop()
+    if len(args) == 1:
+        low, high = 0, args[0]
+    elif len(args) == 2:
+        low, high = args
+    else:
+        raise TypeError("randint: expected randint(low, high, size) or randint(high, size)")
+    if high <= low:
+        raise RuntimeError(f"randint: expected low < high, got low={low}, high={high}")
+    g = _gen(generator, parse_device(device))
+    arr = g.integers(int(low), int(high), size=_shape((size,)), dtype=np.dtype(dtype or np.int64))
     return _new(arr, requires_grad)
 
 
-def rand(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
-    dev = parse_device(device)
-    arr = rng(dev).random(_shape(size), dtype=np.dtype(dtype or DEFAULT_DTYPE))
-    return _new(arr, requires_grad)
+def randperm(n: int, dtype=None, device=None, generator=None) -> Tensor:
+    g = _gen(generator, parse_device(device))
+    return _new(g.permutation(int(n)).astype(dtype or np.int64), False)
 
 
-def randint(low: int, high: int, size, dtype=None, device=None) -> Tensor:
-    dev = parse_device(device)
-    arr = rng(dev).integers(low, high, size=tuple(size), dtype=np.dtype(dtype or np.int64))
-    return _new(arr, False)
+def multinomial(probs, num_samples: int, replacement: bool = False, generator=None) -> Tensor:
+    """Class ids drawn with the given (unnormalised, non-negative) weights, per row of a 1-d or
+    2-d ``probs``: (num_samples,) or (rows, num_samples) int64, as torch.multinomial.
+
+    With replacement it inverts the cumulative distribution; without, it takes the top
+    ``num_samples`` of log(p) + Gumbel noise (each draw then excludes the ones before it).
+    Categories of weight 0 are never drawn."""
+    p = probs if isinstance(probs, Tensor) else Tensor(probs)
+    if p.ndim not in (1, 2):
+        raise RuntimeError(f"multinomial: probs must be 1-d or 2-d, got {p.ndim} dims")
+    xp = xp_for(p.device)
+    w = p.data.reshape(1, -1) if p.ndim == 1 else p.data
+    w = w.astype(np.float64)
+    n = w.shape[1]
+    if not bool(xp.isfinite(w).all()) or bool((w < 0).any()):
+        raise RuntimeError("multinomial: probability tensor contains either inf, nan or "
+                           "element < 0")
+    nonzero = (w > 0).sum(axis=1)
+    if bool((nonzero == 0).any()):
+        raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities "
+                           "<= 0)")
+    if not replacement and (num_samples > n or bool((nonzero < num_samples).any())):
+        raise RuntimeError(f"multinomial: cannot sample {num_samples} > {int(nonzero.min())} "
+                           "categories of nonzero weight without replacement")
+    g = _gen(generator, p.device)
+    u = g.random((w.shape[0], num_samples))
+    if replacement:
+        cdf = xp.cumsum(w, axis=1)
+        cdf /= cdf[:, -1:]
+        # category j is drawn when cdf[j-1] <= u < cdf[j]: count the cdf values <= u
+        idx = (cdf[:, None, :] <= u[:, :, None]).sum(axis=2)
+        idx = xp.minimum(idx, n - 1)
+    else:
+        gumbel = -xp.log(-xp.log(g.random(w.shape)))
+        with backend.errstate(xp, divide="ignore"):
+            keys = xp.where(w > 0, xp.log(xp.where(w > 0, w, 1)) + gumbel, -xp.inf)
+        idx = xp.argsort(-keys, axis=1, kind="stable")[:, :num_samples]
+    idx = idx.astype(np.int64)
+    return _new(idx.reshape(-1) if p.ndim == 1 else idx, False)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
@@ -80,32 +244,26 @@ def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
-    from .ops.shape import Cat
-
     tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
     _same_device("cat", tensors)
-    return Cat.apply(*tensors, dim=dim)
+    return shape_ops.Cat.apply(*tensors, dim=dim)
 
 
 concat = cat
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
-    from .ops.shape import Stack
-
     tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("stack: expected a non-empty list of tensors")
     _same_device("stack", tensors)
-    return Stack.apply(*tensors, dim=dim)
+    return shape_ops.Stack.apply(*tensors, dim=dim)
 
 
 def where(condition, x, y) -> Tensor:
     """Elements of x where condition holds, else of y (broadcast; scalars allowed)."""
-    from .ops.elementwise import Where
-
     c = as_array(condition)
     if c.dtype != np.bool_:
         raise TypeError(f"where: condition must be boolean, got {c.dtype}")
@@ -116,19 +274,27 @@ def where(condition, x, y) -> Tensor:
     if not isinstance(y, Tensor):
         y = Tensor(as_array(y, dtype=x.dtype, device=dev))
     _same_device("where", [x, y])
-    return Where.apply(c, x, y)
+    return E.Where.apply(c, x, y)
 
 
 def tril(x: Tensor, diagonal: int = 0) -> Tensor:
     """x with the elements above the ``diagonal``-th diagonal zeroed (last two dims)."""
-    xp = xp_for(x.device)
-    return where(Tensor(xp.tril(xp.ones(x.shape[-2:], dtype=bool), k=diagonal)), x, 0.0)
+    return (x if isinstance(x, Tensor) else Tensor(x)).tril(diagonal)
 
 
 def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     """x with the elements below the ``diagonal``-th diagonal zeroed (last two dims)."""
-    xp = xp_for(x.device)
-    return where(Tensor(xp.triu(xp.ones(x.shape[-2:], dtype=bool), k=diagonal)), x, 0.0)
+    return (x if isinstance(x, Tensor) else Tensor(x)).triu(diagonal)
+
+
+def eye(n: int, m: int | None = None, dtype=None, device=None) -> Tensor:
+    xp = xp_for(parse_device(device))
+    return _new(xp.eye(n, m, dtype=dtype or DEFAULT_DTYPE), False)
+
+
+def linspace(start, end, steps: int, dtype=None, device=None) -> Tensor:
+    xp = xp_for(parse_device(device))
+    return _new(xp.linspace(start, end, steps, dtype=dtype or DEFAULT_DTYPE), False)
 
 
 def _same_device(op: str, tensors):

@@ -8,17 +8,20 @@ backward), which runs a registered kernel instead where one applies
 
 from __future__ import annotations
 
+from .backend import get_array_module
 from .ops.dims import wrap_dim
 from .ops.linalg import Linear
 from .ops.nn import (
     Attention, CrossEntropy, Dropout, Embedding, Gelu, LayerNorm, LogSoftmax, Softmax,
     causal_mask, erf,
 )
+from .ops.shape import Pad
 from .tensor import Tensor, as_array
 
 __all__ = [
     "softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu", "relu", "dropout",
     "linear", "embedding", "scaled_dot_product_attention", "causal_mask", "erf",
+    "silu", "tanh", "sigmoid", "pad", "mse_loss", "l1_loss", "one_hot",
 ]
 
 
@@ -35,13 +38,17 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return LogSoftmax.apply(x, dim=wrap_dim("log_softmax", dim, x.ndim))
 
 
-def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean"):
+def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0):
     """Cross-entropy of ``logits`` (N, C) against class ids ``target`` (N,), fused.
 
     Positions whose target equals ``ignore_index`` contribute nothing; 'mean' divides
     by the number of the others (NaN when every target is ignored, as in PyTorch).
     Logits of shape (N, C, d1, ...) take targets (N, d1, ...), with classes on dim 1.
+    ``label_smoothing`` ε mixes in the uniform distribution: (1-ε)·loss + ε·mean_c(-log p_c).
     """
+    if label_smoothing:
+        return _smoothed_cross_entropy(logits, target, ignore_index, reduction, label_smoothing)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     t = as_array(target)
@@ -126,3 +133,71 @@ def scaled_dot_product_attention(
     """
     m = None if attn_mask is None else as_array(attn_mask)
     return Attention.apply(q, k, v, m, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+
+# ----------------------------------------------------------------------------- composed
+
+
+def _smoothed_cross_entropy(logits, target, ignore_index, reduction, eps):
+    """cross_entropy with label smoothing, composed from the fused loss and log_softmax."""
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {eps}")
+    nll = cross_entropy(logits, target, ignore_index, reduction="none")
+    cdim = 1 if logits.ndim > 1 else 0
+    uniform = -log_softmax(logits, cdim).mean(cdim)  # (N, d1, ...): -mean_c log p_c
+    valid = as_array(target) != ignore_index
+    rows = uniform.masked_fill(~valid, 0.0) * eps + nll * (1.0 - eps)
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / float(valid.sum())
+
+
+def silu(x: Tensor) -> Tensor:
+    """x·sigmoid(x) (swish)."""
+    return x * x.sigmoid()
+
+
+def tanh(x: Tensor) -> Tensor:
+    return x.tanh()
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return x.sigmoid()
+
+
+def pad(x: Tensor, pad, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """Constant padding, ``pad`` = (left, right) for the last dim, then the one before, ...;
+    negative amounts crop. Only mode='constant'."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: only mode='constant' is supported, got {mode!r}")
+    return Pad.apply(x, tuple(pad), value=0.0 if value is None else value)
+
+
+def _reduce(rows: Tensor, reduction: str, op: str) -> Tensor:
+    if reduction == "mean":
+        return rows.mean()
+    if reduction == "sum":
+        return rows.sum()
+    if reduction == "none":
+        return rows
+    raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def mse_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
+    """mean((x - target)²) (broadcast, as PyTorch)."""
+    d = x - target
+    return _reduce(d * d, reduction, "mse_loss")
+
+
+def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
+    return _reduce((x - target).abs(), reduction, "l1_loss")
+
+
+def one_hot(idx, num_classes: int = -1) -> Tensor:
+    """int64 (..., num_classes) with a 1 at each id (num_classes -1: max id + 1)."""
+    t = as_array(idx)
+    n = int(t.max()) + 1 if num_classes < 0 else num_classes
+    xp = get_array_module(t)
+    return Tensor((t[..., None] == xp.arange(n)).astype(xp.int64), dtype=xp.int64)

@@ -1,25 +1,53 @@
 """Tensor: an array, its gradient, and the graph node that produced it.
 
-Operators and methods mirror PyTorch's names and arguments (``dim``, ``keepdim``),
-so nanoGPT-style code ports line for line. Each method is a thin call into a
-Function from ``ops/``; nothing here computes on arrays except the no-grad
-comparisons and in-place writes.
+Operators and methods mirror PyTorch's names and arguments (``dim``, ``keepdim``), its
+dimension checks (``ops/dims.py``) and its type promotion (``ops/dtypes.py``), so
+nanoGPT-style code ports by changing its imports. Each method is a thin call into a
+Function from ``ops/``; nothing here computes on arrays except the no-grad comparisons,
+sorting, and in-place writes.
+
+Views (slices, view, transpose, split, ...) that really share their base's memory share
+its version counter and remember the base and how to find their region in it. So, as in
+PyTorch, an in-place write through a view of a leaf that requires grad raises, and one
+into any other tensor in the graph (or a view of it) is recorded: the base takes a
+WriteView node and its views ReadView nodes of it (``ops/shape.py``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import namedtuple
 
 import numpy as np
 
 from . import autograd
 from .autograd import Function, is_grad_enabled
-from .backend import device_of, get_array_module, parse_device, to_device, to_numpy, xp_for
+from .backend import device_of, get_array_module, parse_device, rng, to_device, to_numpy, xp_for
+from .ops import elementwise as E
+from .ops import linalg, reduce
+from .ops import shape as shape_ops
+from .ops.dims import wrap_dim, wrap_dims
+from .ops.dtypes import result_type
+from .ops.nn import LogSoftmax, Softmax
 
 DEFAULT_DTYPE = np.float32
 _FLOAT_KINDS = "f"
 
-MaxResult = namedtuple("MaxResult", ["values", "indices"])
+MaxResult = namedtuple("MaxResult", ["values", "indices"])  # max(dim), min(dim), sort, topk
+
+
+class Size(tuple):
+    """A shape: a tuple with torch.Size's ``numel()`` (printed as a plain tuple)."""
+
+    def numel(self) -> int:
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __getitem__(self, i):
+        out = tuple.__getitem__(self, i)
+        return Size(out) if isinstance(i, slice) else out
 
 
 def as_array(x, dtype=None, device=None):
@@ -57,11 +85,43 @@ def _dims(args):
     return tuple(args)
 
 
+def _shares(a, b) -> bool:
+    """Whether array a really is a view into b's memory (NumPy copies when it has to)."""
+    if a is b:
+        return True
+    msm = getattr(get_array_module(a), "may_share_memory", None)
+    return bool(msm(a, b)) if msm is not None else getattr(a, "base", None) is not None
+
+
+def _is_dtype(x) -> bool:
+    if isinstance(x, (str, Tensor)) or x is None:
+        return False
+    try:
+        np.dtype(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _to_args(args, kwargs):
+    """(device, dtype) from PyTorch's .to() forms: to(device), to(dtype), to(device, dtype),
+    to(tensor), and the keywords device=, dtype= (non_blocking= and copy= are accepted)."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif _is_dtype(a):
+            dtype = a
+        else:
+            device = a
+    return (None if device is None else parse_device(device)), dtype
+
+
 class Tensor:
     """An n-d array with reverse-mode autograd (float32 unless a dtype is given)."""
 
     __slots__ = ("data", "grad", "_requires_grad", "_node", "_out_index", "_version", "name",
-                 "__weakref__")
+                 "_base", "_view_fn", "_views", "__weakref__")
     __array_priority__ = 1000  # make ndarray + Tensor call Tensor.__radd__
 
     def __init__(self, data, requires_grad: bool = False, dtype=None, device=None):
@@ -78,13 +138,17 @@ class Tensor:
         self._out_index = 0
         self._version = [0]
         self.name = None
+        self._base = self._view_fn = self._views = None
         self._requires_grad = False
         self.requires_grad = requires_grad
 
     @classmethod
     def _make(cls, data, node, index):
+        if isinstance(data, np.generic):
+            data = np.asarray(data)  # full reductions give NumPy scalars: keep a 0-d array
         t = object.__new__(cls)
         t.data, t.grad, t._node, t._out_index, t._version, t.name = data, None, node, index, [0], None
+        t._base = t._view_fn = t._views = None
         t._requires_grad = node is not None
         return t
 
@@ -103,7 +167,7 @@ class Tensor:
             raise RuntimeError("requires_grad can only be turned off on leaf tensors; use .detach()")
         self._requires_grad = bool(value)
 
-    def requires_grad_(self, value: bool = True) -> "Tensor":
+    def requires_grad_(self, value: bool = True) -> Tensor:
         self.requires_grad = value
         return self
 
@@ -115,15 +179,20 @@ class Tensor:
     def grad_fn(self) -> Function | None:
         return self._node
 
-    shape = property(lambda self: tuple(self.data.shape))
+    shape = property(lambda self: Size(self.data.shape))
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: self.data.ndim)
     device = property(lambda self: device_of(self.data))
+    is_cuda = property(lambda self: self.device == "cuda")
     T = property(lambda self: self.permute(*reversed(range(self.ndim))))
     mT = property(lambda self: self.transpose(-2, -1))
 
     def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
+        if dim is None:
+            return Size(self.data.shape)
+        if self.ndim == 0:
+            raise IndexError(f"size: dimension specified as {dim} but tensor has no dimensions")
+        return self.data.shape[wrap_dim("size", dim, self.ndim)]
 
     def dim(self) -> int:
         return self.ndim
@@ -131,10 +200,20 @@ class Tensor:
     def numel(self) -> int:
         return int(self.data.size)
 
+    nelement = numel
+
+    def element_size(self) -> int:
+        return int(self.data.dtype.itemsize)
+
     def __len__(self) -> int:
         if self.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
 
     def __repr__(self) -> str:
         extra = ", requires_grad=True" if self.requires_grad else ""
@@ -142,10 +221,24 @@ class Tensor:
         body = np.array2string(to_numpy(self.data), precision=4, separator=", ", threshold=50)
         return f"tensor({body}, dtype={self.dtype}{dev}{extra})"
 
+    def __format__(self, spec: str) -> str:
+        """f"{loss:.4f}" formats a one-element tensor's value, as PyTorch."""
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        if spec:
+            raise TypeError(f"unsupported format string {spec!r} passed to Tensor.__format__ "
+                            f"(a tensor of shape {tuple(self.shape)}); format .item() or a 0-d "
+                            "tensor")
+        return repr(self)
+
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array (copied to the host when on the GPU)."""
         return to_numpy(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        a = to_numpy(self.data)
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def item(self):
         if self.data.size != 1:
@@ -161,43 +254,60 @@ class Tensor:
     def __int__(self):
         return int(self.item())
 
+    def __index__(self):
+        if self.data.dtype.kind not in "iu" or self.data.size != 1:
+            raise TypeError("only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
     def __bool__(self):
         return bool(self.item())
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         t = Tensor._make(self.data, None, 0)
         t._version = self._version  # shares storage, so shares the version counter
         return t
 
-    def to(self, device=None, dtype=None) -> "Tensor":
-        """Move to 'cpu'/'cuda' and/or cast; differentiable, and a no-op when nothing changes."""
-        if device is not None and not isinstance(device, str) and dtype is None:
-            device, dtype = None, device  # t.to(tg.float64)
+    def detach_(self) -> Tensor:
+        self._node, self._requires_grad = None, False
+        return self
+
+    def clone(self) -> Tensor:
+        """A copy with its own memory; differentiable."""
+        return shape_ops.Clone.apply(self)
+
+    def to(self, *args, **kwargs) -> Tensor:
+        """to(device), to(dtype), to(device, dtype), to(other): differentiable; no-op when
+        nothing changes."""
+        device, dtype = _to_args(args, kwargs)
         out = self
-        if device is not None and parse_device(device) != self.device:
-            out = ToDevice.apply(out, parse_device(device))
+        if device is not None and device != self.device:
+            out = ToDevice.apply(out, device)
         if dtype is not None and np.dtype(dtype) != self.dtype:
             out = out.astype(dtype)
         return out
 
-    def cuda(self) -> "Tensor":
+    def cuda(self, device=None, non_blocking: bool = False) -> Tensor:
         return self.to("cuda")
 
-    def cpu(self) -> "Tensor":
+    def cpu(self) -> Tensor:
         return self.to("cpu")
 
-    def astype(self, dtype) -> "Tensor":
-        from .ops.elementwise import Cast
+    def pin_memory(self) -> Tensor:
+        return self  # host arrays need no pinning here; kept so data loaders port unchanged
 
+    def astype(self, dtype) -> Tensor:
         if np.dtype(dtype) == self.dtype:
             return self
-        return Cast.apply(self, np.dtype(dtype))
+        return E.Cast.apply(self, np.dtype(dtype))
 
     def float(self):
         return self.astype(np.float32)
 
     def double(self):
         return self.astype(np.float64)
+
+    def half(self):
+        return self.astype(np.float16)
 
     def long(self):
         return self.astype(np.int64)
@@ -208,7 +318,11 @@ class Tensor:
     def bool(self):
         return self.astype(np.bool_)
 
-    type_as = lambda self, other: self.astype(other.dtype)  # noqa: E731
+    def type_as(self, other):
+        return self.astype(other.dtype)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.kind == "f"
 
     # ------------------------------------------------------------------ autograd
     def backward(self, gradient=None, retain_graph: bool = False) -> None:
@@ -222,114 +336,114 @@ class Tensor:
                 self._node.retained = {}
             self._node.retained[self._out_index] = self
 
-    def _accumulate_grad(self, g):
-        if g.dtype != self.data.dtype:
-            g = g.astype(self.data.dtype)
-        if g.shape != self.data.shape:
-            g = get_array_module(g).broadcast_to(g, self.data.shape)
-        if self.grad is None:
-            if not getattr(g.flags, "writeable", True):
-                g = g.copy()  # a broadcast view (from sum/mean/expand): .grad must be writable
-            self.grad = Tensor._make(g, None, 0)
-        else:
-            self.grad = Tensor._make(self.grad.data + g, None, 0)
-
-    def zero_(self) -> "Tensor":
-        with autograd.no_grad():
-            self[...] = 0
-        return self
-
     # ------------------------------------------------------------------ arithmetic
-    def _binary(self, cls, other, reflected=False):
-        from .ops.elementwise import Cast
-
-        x = self
+    def _binary(self, cls, other, reflected=False, true_divide=False):
+        """Apply a binary op after PyTorch's type promotion: both operands are cast to the
+        result dtype (a float for true division of integers); Python numbers stay numbers."""
         if isinstance(other, np.generic):
-            other = other.item()  # NumPy scalars act as Python scalars (float32 stays float32)
-        if not isinstance(other, Tensor):
-            if isinstance(other, (bool, int, float)):
-                if isinstance(other, float) and x.dtype.kind not in "fc":
-                    x = Cast.apply(x, DEFAULT_DTYPE)  # int tensor * 0.5 -> float32
-            else:
-                other = Tensor(other)
-        elif other.device != self.device:
+            other = other.item()  # NumPy scalars act as Python numbers (float32 stays float32)
+        if not isinstance(other, (Tensor, bool, int, float)):
+            other = Tensor(other)  # an array keeps its dtype; a list of floats is float32
+        if isinstance(other, Tensor) and other.device != self.device:
             raise RuntimeError(
                 f"{cls.__name__.lower()}: expected all tensors on the same device, got "
                 f"{self.device} and {other.device}"
             )
+        dt = result_type(self, other)
+        if true_divide and dt.kind in "biu":
+            dt = np.dtype(DEFAULT_DTYPE)
+        x = self.astype(dt)
+        if isinstance(other, Tensor):
+            other = other.astype(dt)
+        elif dt.kind == "f":
+            other = float(other)
         return cls.apply(other, x) if reflected else cls.apply(x, other)
 
     def __add__(self, o):
-        from .ops.elementwise import Add
-
-        return self._binary(Add, o)
+        return self._binary(E.Add, o)
 
     def __radd__(self, o):
-        from .ops.elementwise import Add
-
-        return self._binary(Add, o, True)
+        return self._binary(E.Add, o, True)
 
     def __sub__(self, o):
-        from .ops.elementwise import Sub
-
-        return self._binary(Sub, o)
+        return self._binary(E.Sub, o)
 
     def __rsub__(self, o):
-        from .ops.elementwise import Sub
-
-        return self._binary(Sub, o, True)
+        return self._binary(E.Sub, o, True)
 
     def __mul__(self, o):
-        from .ops.elementwise import Mul
-
-        return self._binary(Mul, o)
+        return self._binary(E.Mul, o)
 
     def __rmul__(self, o):
-        from .ops.elementwise import Mul
-
-        return self._binary(Mul, o, True)
+        return self._binary(E.Mul, o, True)
 
     def __truediv__(self, o):
-        from .ops.elementwise import Div
-
-        return self._binary(Div, o)
+        return self._binary(E.Div, o, true_divide=True)
 
     def __rtruediv__(self, o):
-        from .ops.elementwise import Div
-
-        return self._binary(Div, o, True)
+        return self._binary(E.Div, o, True, true_divide=True)
 
     def __pow__(self, o):
-        from .ops.elementwise import Pow
-
-        return self._binary(Pow, o)
+        return self._binary(E.Pow, o)
 
     def __rpow__(self, o):
-        from .ops.elementwise import Pow
-
-        return self._binary(Pow, o, True)
+        return self._binary(E.Pow, o, True)
 
     def __neg__(self):
-        from .ops.elementwise import Neg
-
-        return Neg.apply(self)
+        return E.Neg.apply(self)
 
     def __matmul__(self, o):
-        from .ops.linalg import MatMul
-
-        return self._binary(MatMul, o)
+        return self._binary(linalg.MatMul, o)
 
     def __rmatmul__(self, o):
-        from .ops.linalg import MatMul
+        return self._binary(linalg.MatMul, o, True)
 
-        return self._binary(MatMul, o, True)
+    def _no_grad_binary(self, op, other, reflected=False):
+        """Integer-valued results (//, %): no gradient, PyTorch's result dtype."""
+        o = other.data if isinstance(other, Tensor) else other
+        dt = result_type(self, other)
+        a, b = self.data.astype(dt, copy=False), (o.astype(dt, copy=False) if hasattr(o, "dtype")
+                                                  else o)
+        out = op(b, a) if reflected else op(a, b)
+        return Tensor._make(get_array_module(out).asarray(out, dtype=dt), None, 0)
 
-    matmul = __matmul__
-    add, sub, mul, div, pow = __add__, __sub__, __mul__, __truediv__, __pow__
+    def __floordiv__(self, o):
+        return self._no_grad_binary(lambda a, b: a // b, o)
+
+    def __rfloordiv__(self, o):
+        return self._no_grad_binary(lambda a, b: a // b, o, True)
+
+    def __mod__(self, o):
+        return self._no_grad_binary(lambda a, b: a % b, o)
+
+    def __rmod__(self, o):
+        return self._no_grad_binary(lambda a, b: a % b, o, True)
+
+    def matmul(self, o):
+        return self @ o
+
+    def add(self, o, alpha=1):
+        return self + (o if alpha == 1 else o * alpha)
+
+    def sub(self, o, alpha=1):
+        return self - (o if alpha == 1 else o * alpha)
+
+    mul, div, pow = __mul__, __truediv__, __pow__
+    multiply, divide, floor_divide = __mul__, __truediv__, __floordiv__
+
+    def maximum(self, other):
+        return self._binary(E.Maximum, other)
+
+    def minimum(self, other):
+        return self._binary(E.Minimum, other)
 
     # comparisons and logic: no gradient, boolean results
     def _compare(self, op, other):
-        other = other.data if isinstance(other, Tensor) else other
+        if isinstance(other, Tensor):
+            other = other.data
+        elif not isinstance(other, (bool, int, float, list, tuple, np.generic)) and \
+                not hasattr(other, "dtype"):
+            return NotImplemented  # e.g. pytest.approx: let the other side compare
         return Tensor._make(op(self.data, other), None, 0)
 
     __eq__ = lambda self, o: self._compare(lambda a, b: a == b, o)  # noqa: E731
@@ -340,78 +454,243 @@ class Tensor:
     __ge__ = lambda self, o: self._compare(lambda a, b: a >= b, o)  # noqa: E731
     __and__ = lambda self, o: self._compare(lambda a, b: a & b, o)  # noqa: E731
     __or__ = lambda self, o: self._compare(lambda a, b: a | b, o)  # noqa: E731
+    __xor__ = lambda self, o: self._compare(lambda a, b: a ^ b, o)  # noqa: E731
     __invert__ = lambda self: Tensor._make(~self.data, None, 0)  # noqa: E731
     __hash__ = object.__hash__
     eq, ne, lt, le, gt, ge = __eq__, __ne__, __lt__, __le__, __gt__, __ge__
+    logical_not = __invert__
+
+    def isnan(self):
+        return Tensor._make(get_array_module(self.data).isnan(self.data), None, 0)
+
+    def isinf(self):
+        return Tensor._make(get_array_module(self.data).isinf(self.data), None, 0)
+
+    def isfinite(self):
+        return Tensor._make(get_array_module(self.data).isfinite(self.data), None, 0)
+
+    def all(self):
+        return Tensor._make(get_array_module(self.data).asarray(self.data.all()), None, 0)
+
+    def any(self):
+        return Tensor._make(get_array_module(self.data).asarray(self.data.any()), None, 0)
 
     # ------------------------------------------------------------------ in place
-    def _inplace(self, cls, other):
-        """x op= y: write the result into x's array, bump its version, adopt the new node."""
-        if self.requires_grad and self._node is None and is_grad_enabled():
+    def _check_inplace(self, op: str):
+        """PyTorch's rule for writing into this tensor's memory while recording: not into a leaf
+        that requires grad, nor through a view of one (its .grad would be of other values)."""
+        if not is_grad_enabled():
+            return
+        if self.requires_grad and self._node is None:
             raise RuntimeError(
-                "a leaf tensor that requires grad is used in an in-place operation; "
+                f"{op}: a leaf tensor that requires grad is used in an in-place operation; "
                 "wrap it in `with tg.no_grad():` or use an out-of-place op"
             )
-        r = self._binary(cls, other)
-        if r.shape != self.shape:
-            raise ValueError(
-                f"in-place op: result shape {r.shape} does not fit the tensor's shape {self.shape}"
+        base = self._base
+        if base is not None and base.requires_grad and base._node is None:
+            raise RuntimeError(
+                f"{op}: a view of a leaf tensor that requires grad is used in an in-place "
+                "operation; wrap it in `with tg.no_grad():` or use an out-of-place op"
             )
-        get_array_module(self.data).copyto(self.data, r.data, casting="same_kind")
+
+    def _written(self):
         self._version[0] += 1
+
+    def _inplace(self, cls, other, op: str, true_divide=False):
+        """x op= y: write the result into x's array, bump its version, adopt the new node."""
+        self._check_inplace(op)
+        return self._adopt(op, self._binary(cls, other, true_divide=true_divide))
+
+    def _adopt(self, op: str, r: Tensor) -> Tensor:
+        """Write the out-of-place result r into self's memory and take over r's graph node,
+        so that later ops (and backward) see self as the result."""
+        if r.shape != self.shape:
+            raise RuntimeError(
+                f"{op}: result shape {r.shape} does not fit the tensor's shape {self.shape}"
+            )
+        if r.dtype.kind == "f" and self.dtype.kind != "f":
+            raise RuntimeError(
+                f"{op}: result type {r.dtype} can't be cast to the desired output type "
+                f"{self.dtype}"
+            )
+        base = self._base
+        if base is not None and is_grad_enabled() and (base.requires_grad or r.requires_grad):
+            vf = self._view_fn
+            return self._write_through(r.astype(self.dtype), vf, lambda a, v: _put_all(vf(a), v))
+        get_array_module(self.data).copyto(self.data, r.data, casting="unsafe")
+        self._written()
         if r._node is not None:
             self._node, self._out_index, self._requires_grad = r._node, r._out_index, True
             r._node.out_meta[r._out_index] = (self.data.shape, self.data.dtype)
+            self._refresh_views(self)
+        return self
+
+    @staticmethod
+    def _refresh_views(base: Tensor, skip: Tensor | None = None) -> None:
+        """After a recorded write into ``base``'s memory, its other live views read the new
+        values: each takes a ReadView node of the rewritten base (as PyTorch regenerates a
+        stale view's grad_fn)."""
+        for w in list(base._views or ()):
+            if w is not skip:
+                r = shape_ops.ReadView.apply(base, get=w._view_fn)
+                w._node, w._out_index, w._requires_grad = r._node, 0, r._node is not None
+
+    def _write_through(self, value: Tensor, get, put) -> Tensor:
+        """A recorded write of ``value`` into the region ``get`` of this tensor's base (or of
+        itself): the base takes a WriteView node and this tensor, when it is a view, a ReadView
+        of it, so that later uses and backward see the new values (PyTorch's rebase)."""
+        target = self._base if self._base is not None else self
+        t = shape_ops.WriteView.apply(target, value, get=get, put=put)
+        self._written()
+        target._node, target._out_index, target._requires_grad = t._node, 0, True
+        self._refresh_views(target)  # this tensor too, when it is a view
         return self
 
     def __iadd__(self, o):
-        from .ops.elementwise import Add
-
-        return self._inplace(Add, o)
+        return self._inplace(E.Add, o, "add_")
 
     def __isub__(self, o):
-        from .ops.elementwise import Sub
-
-        return self._inplace(Sub, o)
+        return self._inplace(E.Sub, o, "sub_")
 
     def __imul__(self, o):
-        from .ops.elementwise import Mul
-
-        return self._inplace(Mul, o)
+        return self._inplace(E.Mul, o, "mul_")
 
     def __itruediv__(self, o):
-        from .ops.elementwise import Div
+        return self._inplace(E.Div, o, "div_", true_divide=True)
 
-        return self._inplace(Div, o)
+    def add_(self, o, alpha=1):
+        return self._inplace(E.Add, o if alpha == 1 else o * alpha, "add_")
+
+    def sub_(self, o, alpha=1):
+        return self._inplace(E.Sub, o if alpha == 1 else o * alpha, "sub_")
+
+    def mul_(self, o):
+        return self._inplace(E.Mul, o, "mul_")
+
+    def div_(self, o):
+        return self._inplace(E.Div, o, "div_", true_divide=True)
+
+    def _write(self, op: str, fill):
+        """An in-place write of values that need no gradient: ``fill(array)`` changes the
+        array and the version moves. On a tensor in the graph (or a view of one) the write is
+        recorded, so that no gradient flows to the overwritten values."""
+        self._check_inplace(op)
+        base = self._base
+        if self._in_graph():
+            new = self.data.copy()
+            fill(new)
+            vf = self._view_fn if base is not None else _identity
+            return self._write_through(Tensor._make(new, None, 0), vf,
+                                       lambda a, v: _put_all(vf(a), v))
+        fill(self.data)
+        self._written()
+        return self
 
     def __setitem__(self, key, value):
-        if is_grad_enabled() and (
-            self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)
-        ):
-            raise RuntimeError(
-                "item assignment into a tensor that takes part in autograd is not supported; "
-                "build the result with tg.where, masked_fill or tg.cat, or use tg.no_grad()"
-            )
+        self._check_inplace("setitem")
         xp = get_array_module(self.data)
+        k = _index_key(key, xp)
+        base = self._base
+        if is_grad_enabled() and (self.requires_grad or (base is not None and base.requires_grad)
+                                  or (isinstance(value, Tensor) and value.requires_grad)):
+            # recorded: region k of this tensor (of its base, through the view) is replaced
+            v = value if isinstance(value, Tensor) else Tensor(as_array(value), device=self.device)
+            vf = self._view_fn
+
+            def get(a):
+                return (a if vf is None else vf(a))[k]
+
+            def put(a, val):
+                (a if vf is None else vf(a))[k] = val
+
+            self._write_through(v.astype(self.dtype), get, put)
+            return
         v = value.data if isinstance(value, Tensor) else value
         if isinstance(v, (list, tuple, np.ndarray)) and xp is not np:
             v = xp.asarray(v)  # host values written into a GPU tensor
-        self.data[_index_key(key, xp)] = v
-        self._version[0] += 1
+        self.data[k] = v
+        self._written()
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def fill_(self, value) -> Tensor:
+        v = value.item() if isinstance(value, Tensor) else value
+
+        def fill(a):
+            a[...] = v
+
+        return self._write("fill_", fill)
+
+    def copy_(self, src) -> Tensor:
+        """Copy src's values (broadcast, cast, moved to this device) into this tensor."""
+        if is_grad_enabled() and isinstance(src, Tensor) and src.requires_grad:
+            self[...] = src.to(self.device)  # recorded, as a write of the whole tensor
+            return self
+        xp = get_array_module(self.data)
+        s = to_device(as_array(src), self.device)
+
+        def fill(a):
+            xp.copyto(a, xp.broadcast_to(xp.asarray(s), a.shape), casting="unsafe")
+
+        return self._write("copy_", fill)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
+        """Fill with N(mean, std²) samples from the seeded generator (or ``generator``)."""
+        g = _rng_of(generator, self.device)
+        draw = g.standard_normal(self.data.shape, dtype=np.float32) if self.dtype != np.float64 \
+            else g.standard_normal(self.data.shape)
+
+        def fill(a):
+            a[...] = draw * std + mean
+
+        return self._write("normal_", fill)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
+        """Fill with U[a, b) samples from the seeded generator (or ``generator``)."""
+        g = _rng_of(generator, self.device)
+        draw = g.random(self.data.shape, dtype=np.float32) if self.dtype != np.float64 \
+            else g.random(self.data.shape)
+
+        def fill(arr):
+            arr[...] = draw * (b - a) + a
+
+        return self._write("uniform_", fill)
+
+    def masked_fill_(self, mask, value) -> Tensor:
+        m = as_array(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill_: mask must be boolean, got {m.dtype}")
+        v = value.item() if isinstance(value, Tensor) else value
+        if self._in_graph():  # recorded, as x = x.masked_fill(mask, value)
+            self._check_inplace("masked_fill_")
+            return self._adopt("masked_fill_", E.MaskedFill.apply(self, m, v))
+        xp = get_array_module(self.data)
+        return self._write("masked_fill_", lambda a: xp.copyto(a, v, where=m))
+
+    def clamp_(self, min=None, max=None) -> Tensor:
+        if self._in_graph():
+            self._check_inplace("clamp_")
+            # Clamp saves its input: clamp a copy, since self is about to be overwritten
+            return self._adopt("clamp_", self.clone().clamp(min, max))
+        xp = get_array_module(self.data)
+        return self._write("clamp_", lambda a: xp.clip(a, min, max, out=a))
+
+    def _in_graph(self) -> bool:
+        """Whether an in-place write to this tensor must be recorded: grad mode is on and it
+        (or the base it is a view of) takes part in autograd."""
+        base = self._base
+        return is_grad_enabled() and (self.requires_grad or
+                                      (base is not None and base.requires_grad))
 
     # ------------------------------------------------------------------ unary math
-    def _unary(self, name):
-        from .ops import elementwise
-
-        return getattr(elementwise, name).apply(self)
-
-    exp = lambda self: self._unary("Exp")  # noqa: E731
-    log = lambda self: self._unary("Log")  # noqa: E731
-    sqrt = lambda self: self._unary("Sqrt")  # noqa: E731
-    tanh = lambda self: self._unary("Tanh")  # noqa: E731
-    abs = lambda self: self._unary("Abs")  # noqa: E731
-    relu = lambda self: self._unary("Relu")  # noqa: E731
-    sigmoid = lambda self: self._unary("Sigmoid")  # noqa: E731
+    exp = lambda self: E.Exp.apply(self)  # noqa: E731
+    log = lambda self: E.Log.apply(self)  # noqa: E731
+    sqrt = lambda self: E.Sqrt.apply(self)  # noqa: E731
+    tanh = lambda self: E.Tanh.apply(self)  # noqa: E731
+    abs = lambda self: E.Abs.apply(self)  # noqa: E731
+    relu = lambda self: E.Relu.apply(self)  # noqa: E731
+    sigmoid = lambda self: E.Sigmoid.apply(self)  # noqa: E731
     __abs__ = abs
 
     def rsqrt(self):
@@ -420,162 +699,290 @@ class Tensor:
     def square(self):
         return self * self
 
+    def clamp(self, min=None, max=None):
+        """Elementwise clip to [min, max] (either may be None); gradient 1 inside, 0 outside."""
+        if min is None and max is None:
+            raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
+        float_bound = any(isinstance(b, float) for b in (min, max))
+        x = self.float() if float_bound and self.dtype.kind != "f" else self  # as promotion
+        return E.Clamp.apply(x, min, max)
+
+    clip = clamp
+
     # ------------------------------------------------------------------ reductions
-    def sum(self, dim=None, keepdim: bool = False):
-        from .ops.reduce import Sum
+    def sum(self, dim=None, keepdim: bool = False, dtype=None):
+        x = self if dtype is None else self.astype(dtype)
+        if x.dtype.kind in "biu":
+            x = x.astype(np.int64)  # PyTorch sums integers (and bools) in int64
+        return reduce.Sum.apply(x, dim=dim, keepdim=keepdim)
 
-        return Sum.apply(self, dim=dim, keepdim=keepdim)
-
-    def mean(self, dim=None, keepdim: bool = False):
-        from .ops.reduce import Mean
-
-        return Mean.apply(self, dim=dim, keepdim=keepdim)
+    def mean(self, dim=None, keepdim: bool = False, dtype=None):
+        x = self if dtype is None else self.astype(dtype)
+        if x.dtype.kind != "f":
+            raise RuntimeError(f"mean: expected a floating point input, got {x.dtype}; pass "
+                               "dtype=tg.float32 or call .float() first")
+        return reduce.Mean.apply(x, dim=dim, keepdim=keepdim)
 
     def var(self, dim=None, keepdim: bool = False, unbiased: bool = True, correction=None):
         """Variance; ``correction`` (or ``unbiased``) 1 divides by n-1 as PyTorch, 0 by n."""
-        from .ops.reduce import Var
-
         c = (1 if unbiased else 0) if correction is None else correction
-        return Var.apply(self, dim=dim, keepdim=keepdim, correction=c)
+        return reduce.Var.apply(self, dim=dim, keepdim=keepdim, correction=c)
 
-    def std(self, dim=None, keepdim: bool = False, unbiased: bool = True):
-        return self.var(dim, keepdim, unbiased).sqrt()
+    def std(self, dim=None, keepdim: bool = False, unbiased: bool = True, correction=None):
+        return self.var(dim, keepdim, unbiased, correction).sqrt()
 
-    def amax(self, dim=None, keepdim: bool = False):
-        from .ops.reduce import Max
+    def norm(self, p=2, dim=None, keepdim: bool = False):
+        """The p-norm over ``dim`` (every element by default; 'fro' is 2, inf the max |x|)."""
+        if p == "fro" or p == 2:
+            return (self * self).sum(dim, keepdim).sqrt()
+        if p == float("inf"):
+            return self.abs().amax(dim, keepdim)
+        if p == 1:
+            return self.abs().sum(dim, keepdim)
+        return (self.abs() ** p).sum(dim, keepdim) ** (1.0 / p)
 
-        return Max.apply(self, dim=dim, keepdim=keepdim)
+    def _dims(self, op: str, dim):
+        """``dim`` checked under the name of the op the user called (None stays None)."""
+        return None if dim is None else wrap_dims(op, dim, self.ndim)
 
-    def amin(self, dim=None, keepdim: bool = False):
-        return -(-self).amax(dim, keepdim)
+    def amax(self, dim=None, keepdim: bool = False, _op: str = "amax"):
+        return reduce.Max.apply(self, dim=self._dims(_op, dim), keepdim=keepdim)
+
+    def amin(self, dim=None, keepdim: bool = False, _op: str = "amin"):
+        return -(-self).amax(self._dims(_op, dim), keepdim)
 
     def max(self, dim=None, keepdim: bool = False):
-        """max() -> scalar tensor; max(dim) -> (values, indices), as PyTorch."""
+        """max() -> scalar tensor; max(dim) -> (values, indices); max(other) elementwise."""
+        if isinstance(dim, Tensor):
+            return self.maximum(dim)
         if dim is None:
             return self.amax()
-        return MaxResult(self.amax(dim, keepdim), self.argmax(dim, keepdim))
+        return MaxResult(self.amax(dim, keepdim, "max"), self.argmax(dim, keepdim))
 
     def min(self, dim=None, keepdim: bool = False):
+        if isinstance(dim, Tensor):
+            return self.minimum(dim)
         if dim is None:
             return self.amin()
-        return MaxResult(self.amin(dim, keepdim), self.argmin(dim, keepdim))
+        return MaxResult(self.amin(dim, keepdim, "min"), self.argmin(dim, keepdim))
 
     def argmax(self, dim=None, keepdim: bool = False):
         xp = get_array_module(self.data)
-        out = xp.argmax(self.data, axis=dim, keepdims=keepdim) if dim is not None else \
-            xp.argmax(self.data)
-        return Tensor._make(xp.asarray(out), None, 0)
+        if dim is None:
+            return Tensor._make(xp.asarray(xp.argmax(self.data)), None, 0)
+        d = wrap_dim("argmax", dim, self.ndim)
+        return Tensor._make(xp.asarray(xp.argmax(self.data, axis=d, keepdims=keepdim)), None, 0)
 
     def argmin(self, dim=None, keepdim: bool = False):
-        return (-self.detach()).argmax(dim, keepdim)
+        xp = get_array_module(self.data)
+        if dim is None:
+            return Tensor._make(xp.asarray(xp.argmin(self.data)), None, 0)
+        d = wrap_dim("argmin", dim, self.ndim)
+        return Tensor._make(xp.asarray(xp.argmin(self.data, axis=d, keepdims=keepdim)), None, 0)
+
+    def cumsum(self, dim: int, dtype=None):
+        x = self if dtype is None else self.astype(dtype)
+        if x.dtype.kind in "biu":
+            x = x.astype(np.int64)
+        return reduce.Cumsum.apply(x, wrap_dim("cumsum", dim, self.ndim))
 
     def softmax(self, dim: int = -1):
-        from .functional import softmax
-
-        return softmax(self, dim)
+        return Softmax.apply(self, dim=wrap_dim("softmax", dim, self.ndim))
 
     def log_softmax(self, dim: int = -1):
-        from .functional import log_softmax
+        return LogSoftmax.apply(self, dim=wrap_dim("log_softmax", dim, self.ndim))
 
-        return log_softmax(self, dim)
+    # ------------------------------------------------------------------ sorting
+    def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False):
+        xp = get_array_module(self.data)
+        d = wrap_dim("argsort", dim, self.ndim)
+        a = self.data if self.ndim else self.data.reshape(1)
+        # a stable sort of -x keeps ties in index order, as PyTorch's stable descending sort
+        idx = xp.argsort(-a if descending else a, axis=d, kind="stable")
+        return Tensor._make(idx.reshape(self.data.shape), None, 0)
+
+    def sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
+        """(values, indices) sorted along ``dim`` (stably); values carry the gradient."""
+        idx = self.argsort(wrap_dim("sort", dim, self.ndim), descending)
+        return MaxResult(self.gather(dim, idx), idx)
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+        """(values, indices) of the k largest (or smallest) along ``dim``, largest first."""
+        d = wrap_dim("topk", dim, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise RuntimeError(f"topk: k ({k}) is out of range for dimension {d} of size {n}")
+        idx = self.argsort(d, descending=largest)
+        idx = idx[(slice(None),) * d + (slice(0, k),)] if self.ndim else idx
+        idx = Tensor._make(get_array_module(idx.data).ascontiguousarray(idx.data), None, 0)
+        return MaxResult(self.gather(d, idx), idx)
+
+    # ------------------------------------------------------------------ indexing ops
+    def gather(self, dim: int, index):
+        """out[i][j] = self[i][index[i][j]] along ``dim`` (torch.gather)."""
+        d = wrap_dim("gather", dim, self.ndim)
+        idx = as_array(index)
+        if idx.dtype.kind not in "iu":
+            raise RuntimeError(f"gather: index must be an integer tensor, got {idx.dtype}")
+        if idx.ndim != self.ndim:
+            raise RuntimeError(f"gather: index has {idx.ndim} dims, the input {self.ndim}")
+        return shape_ops.Gather.apply(self, idx, d)
+
+    def scatter_add(self, dim: int, index, src):
+        """self with src[i][j] added at [i][index[i][j]] along ``dim`` (torch.scatter_add)."""
+        d = wrap_dim("scatter_add", dim, self.ndim)
+        idx = as_array(index)
+        if idx.dtype.kind not in "iu":
+            raise RuntimeError(f"scatter_add: index must be an integer tensor, got {idx.dtype}")
+        src = src if isinstance(src, Tensor) else Tensor(as_array(src, dtype=self.dtype))
+        return shape_ops.ScatterAdd.apply(self, idx, src.astype(self.dtype), d)
+
+    def index_select(self, dim: int, index):
+        d = wrap_dim("index_select", dim, self.ndim)
+        idx = as_array(index)
+        if idx.ndim > 1 or idx.dtype.kind not in "iu":
+            raise RuntimeError("index_select: index must be a 0-d or 1-d integer tensor")
+        return self[(slice(None),) * d + (idx.reshape(-1),)]
+
+    def masked_fill(self, mask, value):
+        """Copy of self with ``value`` where the broadcast boolean ``mask`` is True."""
+        m = as_array(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill: mask must be boolean, got {m.dtype}")
+        v = value.item() if isinstance(value, Tensor) else value
+        return E.MaskedFill.apply(self, m, v)
 
     # ------------------------------------------------------------------ shape
-    def _view_of(self, out: "Tensor") -> "Tensor":
-        out._version = self._version  # views share storage, so they share the version counter
+    def _view_of(self, out: Tensor, fn) -> Tensor:
+        """Mark ``out`` as a view of self when it really shares self's memory: it then shares
+        the version counter, remembers the base and, as ``fn`` after self's own, how to find
+        its region in an array shaped like the base (for recorded in-place writes)."""
+        if _shares(out.data, self.data):
+            out._version = self._version
+            if self._base is None:
+                out._base, out._view_fn = self, fn
+            else:
+                inner = self._view_fn
+                out._base, out._view_fn = self._base, (lambda a: fn(inner(a)))
+            base = out._base
+            if base._views is None:
+                base._views = weakref.WeakSet()
+            base._views.add(out)  # to re-derive it from the base after an in-place write
         return out
 
-    def view(self, *shape):
-        from .ops.shape import Reshape
+    def view(self, *shape_):
+        """The same memory with another shape; raises where NumPy would have to copy."""
+        if len(shape_) == 1 and _is_dtype(shape_[0]) and not isinstance(shape_[0], int):
+            raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
+        out = shape_ops.Reshape.apply(self, _dims(shape_))
+        if out.data.size and not _shares(out.data, self.data):
+            raise RuntimeError(
+                f"view size is not compatible with input tensor's size and stride (shape "
+                f"{tuple(self.shape)} to {tuple(out.shape)}: at least one dimension spans "
+                "across two contiguous subspaces). Use .reshape(...) instead."
+            )
+        return self._view_of(out, _reshaper(out.data.shape))
 
-        return self._view_of(Reshape.apply(self, _dims(shape)))
-
-    reshape = view
+    def reshape(self, *shape_):
+        """view when the memory allows it, else a copy."""
+        out = shape_ops.Reshape.apply(self, _dims(shape_))
+        return self._view_of(out, _reshaper(out.data.shape))
 
     def view_as(self, other):
         return self.view(other.shape)
 
+    def reshape_as(self, other):
+        return self.reshape(other.shape)
+
     def flatten(self, start_dim: int = 0, end_dim: int = -1):
         if self.ndim == 0:
-            return self.view(1)
-        s, e = start_dim % self.ndim, end_dim % self.ndim
-        return self.view(*self.shape[:s], -1, *self.shape[e + 1 :])
+            return self.reshape(1)
+        s = wrap_dim("flatten", start_dim, self.ndim)
+        e = wrap_dim("flatten", end_dim, self.ndim)
+        if s > e:
+            raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
+        return self.reshape(*self.shape[:s], -1, *self.shape[e + 1 :])
 
     def unflatten(self, dim: int, sizes):
-        d = dim % self.ndim
-        return self.view(*self.shape[:d], *sizes, *self.shape[d + 1 :])
+        d = wrap_dim("unflatten", dim, self.ndim)
+        return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1 :])
 
     def permute(self, *dims):
-        from .ops.shape import Permute
-
-        return self._view_of(Permute.apply(self, _dims(dims)))
+        dims = tuple(wrap_dim("permute", d, self.ndim) for d in _dims(dims))
+        return self._view_of(shape_ops.Permute.apply(self, dims), _permuter(dims))
 
     def transpose(self, dim0: int, dim1: int):
+        d0 = wrap_dim("transpose", dim0, self.ndim)
+        d1 = wrap_dim("transpose", dim1, self.ndim)
+        if self.ndim < 2:
+            return self
         dims = list(range(self.ndim))
-        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+        dims[d0], dims[d1] = dims[d1], dims[d0]
         return self.permute(*dims)
 
+    swapaxes = transpose
+
     def movedim(self, source: int, destination: int):
+        s = wrap_dim("movedim", source, self.ndim)
+        d = wrap_dim("movedim", destination, self.ndim)
         dims = list(range(self.ndim))
-        dims.insert(destination % self.ndim, dims.pop(source % self.ndim))
+        dims.insert(d, dims.pop(s))
         return self.permute(*dims)
 
     def t(self):
         if self.ndim > 2:
-            raise ValueError(f"t() expects a tensor with <= 2 dims, got {self.ndim}")
+            raise RuntimeError(f"t() expects a tensor with <= 2 dims, got {self.ndim}")
         return self.transpose(0, 1) if self.ndim == 2 else self
 
     def contiguous(self):
-        from .ops.shape import Contiguous
-
         if self.data.flags.c_contiguous:
             return self
-        return Contiguous.apply(self)
+        return shape_ops.Contiguous.apply(self)
 
     def is_contiguous(self) -> bool:
         return bool(self.data.flags.c_contiguous)
 
     def unsqueeze(self, dim: int):
-        d = dim % (self.ndim + 1)
-        return self.view(*self.shape[:d], 1, *self.shape[d:])
+        d = wrap_dim("unsqueeze", dim, self.ndim + 1)
+        return self.reshape(*self.shape[:d], 1, *self.shape[d:])
 
     def squeeze(self, dim=None):
         if dim is None:
-            return self.view(*[s for s in self.shape if s != 1])
-        dims = {d % self.ndim for d in ((dim,) if isinstance(dim, int) else dim)}
-        return self.view(*[s for i, s in enumerate(self.shape) if not (i in dims and s == 1)])
+            return self.reshape(*[s for s in self.shape if s != 1])
+        if self.ndim == 0:
+            wrap_dims("squeeze", dim, 0)
+            return self
+        dims = set(wrap_dims("squeeze", dim, self.ndim))
+        return self.reshape(*[s for i, s in enumerate(self.shape) if not (i in dims and s == 1)])
 
     def expand(self, *sizes):
-        from .ops.shape import Expand
-
-        return self._view_of(Expand.apply(self, _dims(sizes)))
+        out = shape_ops.Expand.apply(self, _dims(sizes))
+        return self._view_of(out, _expander(out.data.shape))
 
     def expand_as(self, other):
         return self.expand(other.shape)
 
     def repeat(self, *sizes):
-        from .factory import cat
-
-        out = self
         sizes = _dims(sizes)
-        out = out.view(*([1] * (len(sizes) - self.ndim)), *self.shape)
+        if len(sizes) < self.ndim:
+            raise RuntimeError("repeat: the number of repeat dims can not be smaller than the "
+                               "number of tensor dims")
+        out = self.reshape(*([1] * (len(sizes) - self.ndim)), *self.shape)
         for d, r in enumerate(sizes):
             if r != 1:
-                out = cat([out] * r, dim=d)
+                out = shape_ops.Cat.apply(*([out] * r), dim=d)
         return out
 
     def __getitem__(self, key):
-        from .ops.shape import GetItem
-
-        out = GetItem.apply(self, _index_key(key, get_array_module(self.data)))
-        if get_array_module(self.data).may_share_memory(out.data, self.data):
-            self._view_of(out)  # basic indexing is a view: in-place writes must show up
-        return out
+        k = _index_key(key, get_array_module(self.data))
+        out = shape_ops.GetItem.apply(self, k)
+        return self._view_of(out, _indexer(k))  # basic indexing is a view: writes show up
 
     def split(self, split_size_or_sections, dim: int = 0):
         """Pieces of ``split_size`` along dim (the last may be smaller), or of the listed sizes."""
-        from .ops.shape import Split
-
-        d = dim % self.ndim
+        if self.ndim == 0:
+            raise RuntimeError("split: a 0-d tensor cannot be split")
+        d = wrap_dim("split", dim, self.ndim)
         n = self.shape[d]
         if isinstance(split_size_or_sections, int):
             step = split_size_or_sections
@@ -586,28 +993,65 @@ class Tensor:
             sizes = [int(s) for s in split_size_or_sections]
             if sum(sizes) != n:
                 raise ValueError(f"split: sizes {sizes} do not add up to {n} (dim {dim})")
-        return tuple(self._view_of(t) for t in Split.apply(self, sizes, d))
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = shape_ops.Split.apply(self, sizes, d)
+        return tuple(self._view_of(t, _indexer((slice(None),) * d + (slice(a, a + n),)))
+                     for t, a, n in zip(pieces, starts, sizes))
 
     def chunk(self, chunks: int, dim: int = 0):
-        n = self.shape[dim % self.ndim]
-        return self.split(-(-n // chunks), dim)
+        if self.ndim == 0:
+            raise RuntimeError("chunk: a 0-d tensor cannot be chunked")
+        if chunks <= 0:
+            raise RuntimeError(f"chunk: chunks must be positive, got {chunks}")
+        n = self.shape[wrap_dim("chunk", dim, self.ndim)]
+        return self.split(max(-(-n // chunks), 1), dim)
 
-    def masked_fill(self, mask, value: float):
-        """Copy of self with ``value`` where the broadcast boolean ``mask`` is True."""
-        from .ops.elementwise import MaskedFill
+    def unbind(self, dim: int = 0):
+        """The slices along ``dim``, each without that dim."""
+        d = wrap_dim("unbind", dim, self.ndim)
+        return tuple(p.squeeze(d) for p in self.split(1, d))
 
-        m = as_array(mask)
-        if m.dtype != np.bool_:
-            raise TypeError(f"masked_fill: mask must be boolean, got {m.dtype}")
-        return MaskedFill.apply(self, m, value)
+    def tril(self, diagonal: int = 0):
+        xp = xp_for(self.device)
+        keep = xp.tril(xp.ones(self.shape[-2:], dtype=bool), k=diagonal)
+        return E.Where.apply(keep, self, xp.zeros((), dtype=self.dtype))
 
-    def masked_fill_(self, mask, value: float):
-        if self.requires_grad and is_grad_enabled():
-            raise RuntimeError("masked_fill_ on a tensor that requires grad; use masked_fill")
-        m = as_array(mask)
-        get_array_module(self.data).copyto(self.data, value, where=m)
-        self._version[0] += 1
-        return self
+    def triu(self, diagonal: int = 0):
+        xp = xp_for(self.device)
+        keep = xp.triu(xp.ones(self.shape[-2:], dtype=bool), k=diagonal)
+        return E.Where.apply(keep, self, xp.zeros((), dtype=self.dtype))
+
+
+# how a view finds its region in an array shaped like its base (composed along view chains)
+def _reshaper(shape):
+    return lambda a: a.reshape(shape)
+
+
+def _permuter(dims):
+    return lambda a: a.transpose(dims)
+
+
+def _expander(shape):
+    return lambda a: get_array_module(a).broadcast_to(a, shape)
+
+
+def _indexer(key):
+    return lambda a: a[key]
+
+
+def _put_all(a, v):
+    a[...] = v
+
+
+def _identity(a):
+    return a
+
+
+def _rng_of(generator, device: str):
+    """The random generator to draw from: ``generator`` (a tg.Generator) or the seeded one."""
+    if generator is None:
+        return rng(device)
+    return generator.rng(device)
 
 
 class ToDevice(Function):
@@ -617,5 +1061,6 @@ class ToDevice(Function):
 
     def backward(self, g):
         return to_device(g, self.src), None
+
 
 autograd.register_tensor_type(Tensor)

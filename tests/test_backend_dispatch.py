@@ -173,9 +173,9 @@ class FakeXP:
 
     __name__ = "fakexp"
     FUNCTIONS = frozenset({
-        "abs", "add", "arange", "argmax", "argsort", "ascontiguousarray", "broadcast_to",
-        "concatenate", "copyto", "cumsum", "divide", "einsum", "empty", "empty_like", "exp",
-        "flatnonzero",
+        "abs", "add", "arange", "argmax", "argmin", "argsort", "ascontiguousarray",
+        "broadcast_to", "clip", "concatenate", "copyto", "cumsum", "divide", "einsum", "empty",
+        "empty_like", "exp", "flatnonzero", "flip", "minimum", "pad", "take_along_axis",
         "full", "isfinite", "log", "maximum", "may_share_memory", "moveaxis", "multiply", "ones",
         "ones_like", "sign", "split", "sqrt", "stack", "subtract", "tanh", "tril", "triu", "trunc",
         "where",
@@ -317,6 +317,21 @@ CASES = [
      [R(1, 3, 4), R(1, 6, 4), R(1, 6, 4), rng.random((3, 6)) > 0.3], ["where"]),
     ("attention_additive", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
      [R(2, 3, 4), R(2, 3, 4), R(2, 3, 4), R(3, 3)], ["exp"]),
+    ("clamp", lambda a: a.clamp(-0.5, 0.5), [R(2, 3)], ["maximum", "minimum"]),
+    ("maximum", lambda a, b: tg.maximum(a, b) + tg.minimum(a, b) * 2, [R(2, 3), R(3)],
+     ["maximum", "minimum"]),
+    ("gather", lambda a, i: a.gather(1, i), [R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])],
+     ["take_along_axis", "add.at"]),
+    ("scatter_add", lambda a, s, i: a.scatter_add(1, i, s),
+     [R(2, 3), R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])], ["add.at", "take_along_axis"]),
+    ("sort_topk", lambda a: a.sort(dim=1)[0] + a.topk(3, dim=1)[0], [R(2, 3)], ["argsort"]),
+    ("cumsum", lambda a: a.cumsum(1), [R(2, 3)], ["cumsum", "flip"]),
+    ("einsum", lambda a, b: tg.einsum("ij,kj->ik", a, b), [R(2, 3), R(4, 3)], ["einsum"]),
+    ("pad", lambda a: F.pad(a, (1, 2, 0, 1), value=0.5), [R(2, 3)], ["pad"]),
+    ("silu_mse", lambda a, b: F.silu(a) + F.mse_loss(a, b), [R(2, 3), R(2, 3)], []),
+    ("clone_norm", lambda a: a.clone() * a.norm(dim=1, keepdim=True), [R(2, 3)], ["sqrt"]),
+    ("label_smoothing", lambda a, t: F.cross_entropy(a, t, label_smoothing=0.1),
+     [R(4, 6), np.array([0, 1, 5, 2])], ["exp", "log"]),
 ]
 
 
@@ -354,6 +369,37 @@ def test_dropout_uses_the_device_generator(fake):
     assert set(np.unique(a)) <= {0.0, np.float32(1 / 0.75)}
     assert 0.6 < (a > 0).mean() < 0.9
     np.testing.assert_array_equal(x.grad.numpy(), a)
+
+
+def test_sampling_and_in_place_fills_stay_on_the_device(fake):
+    tg.manual_seed(0)
+    p = tg.softmax(on("cuda", R(3, 6)), dim=-1)
+    for repl in (True, False):
+        ids = tg.multinomial(p, 2, replacement=repl)
+        assert ids.device == "cuda" and ids.shape == (3, 2) and isinstance(ids.data, FakeArray)
+    v, i = tg.topk(p, 2)
+    assert v.device == "cuda" and i.device == "cuda"
+    w = tg.zeros(4, 5, device="cuda")
+    for fill in (lambda: nn.init.normal_(w), lambda: nn.init.xavier_uniform_(w),
+                 lambda: nn.init.trunc_normal_(w, std=0.02), lambda: w.copy_(np.ones((4, 5))),
+                 lambda: w.masked_fill_(w > 0, 0.0), lambda: w.zero_()):
+        fill()
+        assert isinstance(w.data, FakeArray)
+    for t in (tg.randn_like(w), tg.rand_like(w), tg.full_like(w, 2), tg.randint(3, (2,),
+                                                                                device="cuda")):
+        assert t.device == "cuda"
+
+
+def test_module_to_moves_buffers_and_load_returns_device_tensors(fake, tmp_path):
+    m = nn.Linear(3, 2)
+    m.register_buffer("mask", tg.tril(tg.ones(2, 2)))
+    m.to("cuda")
+    assert m.mask.device == "cuda" and m.weight.device == "cuda"
+    assert all(t.device == "cuda" for t in m.state_dict().values())
+    tg.save(m.state_dict(), tmp_path / "m.safetensors")  # device tensors are written from host
+    back = tg.load(tmp_path / "m.safetensors", map_location="cuda")
+    assert back["mask"].device == "cuda"
+    np.testing.assert_array_equal(back["mask"].numpy(), np.tril(np.ones((2, 2))))
 
 
 def test_factories_and_moves(fake):

@@ -291,7 +291,7 @@ def test_init_from_a_gpt2_directory(tmp_path, tok, capsys):
 
     model = tiny(tok)
     conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    weights = {k.removeprefix("transformer."): (v.T if k.endswith(conv1d) else v).copy()
+    weights = {k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
                for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(weights, tmp_path / "model.safetensors")
     c = model.config

@@ -118,7 +118,7 @@ def test_untied_model_has_a_separate_head():
 @pytest.mark.parametrize("with_head", [True, False])
 def test_tied_load_state_dict_with_or_without_lm_head(with_head):
     tg.manual_seed(1)
-    src = {k: v.copy() for k, v in GPT(tiny()).state_dict().items()}
+    src = {k: v.clone() for k, v in GPT(tiny()).state_dict().items()}
     if not with_head:
         del src["lm_head.weight"]
     model = GPT(tiny())
@@ -149,7 +149,7 @@ def test_load_state_dict_copies_the_arrays():
 def test_tied_gradient_is_the_sum_of_both_uses():
     tied = to_float64(GPT(tiny()), scale=0.2)
     untied = to_float64(GPT(tiny(tie_weights=False)))
-    sd = {k: v.copy() for k, v in tied.state_dict().items()}  # lm_head.weight = a copy of wte
+    sd = {k: v.clone() for k, v in tied.state_dict().items()}  # lm_head.weight = a copy of wte
     untied.load_state_dict(sd)
     idx, tgt = tokens(2, 12), tokens(2, 12, 1)
     lt, lu = tied(idx, tgt)[1], untied(idx, tgt)[1]

@@ -92,14 +92,14 @@ def test_state_dict_names_and_arrays():
     m = Tiny()
     sd = m.state_dict()
     assert list(sd) == TINY_NAMES + ["lm_head.weight"]  # a tied weight under both names
-    assert all(isinstance(v, np.ndarray) for v in sd.values())
+    assert all(isinstance(v, tg.Tensor) for v in sd.values())
     assert sd["transformer.h.0.fc.weight"].shape == (8, 4)
     assert sd["lm_head.weight"] is sd["transformer.wte.weight"]
 
 
 def test_load_state_dict_roundtrip():
     a, b = Tiny(), Tiny()
-    sd = {k: v.copy() for k, v in a.state_dict().items()}
+    sd = {k: v.clone() for k, v in a.state_dict().items()}
     missing, unexpected = b.load_state_dict(sd)
     assert missing == [] and unexpected == []
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
@@ -109,7 +109,7 @@ def test_load_state_dict_roundtrip():
 
 
 def _snapshot(m):
-    return {k: v.copy() for k, v in m.state_dict().items()}
+    return {k: v.clone() for k, v in m.state_dict().items()}
 
 
 def test_load_state_dict_strict_errors_list_names_and_change_nothing():

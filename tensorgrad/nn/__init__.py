@@ -8,11 +8,12 @@
 
 from . import functional, init, utils
 from .modules import (
-    GELU, Dropout, Embedding, LayerNorm, Linear, Module, ModuleDict, ModuleList, Parameter, ReLU,
-    Sequential,
+    GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict,
+    ModuleList, MSELoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh,
 )
 
 __all__ = [
     "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU",
-    "ModuleList", "ModuleDict", "Sequential", "functional", "init", "utils",
+    "ModuleList", "ModuleDict", "Sequential", "Identity", "Tanh", "Sigmoid", "SiLU", "Softmax",
+    "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
 ]

@@ -8,8 +8,8 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import functional as F
-from ..backend import get_array_module, parse_device, rng, to_device
-from ..tensor import DEFAULT_DTYPE, Tensor
+from ..backend import get_array_module, rng, to_device
+from ..tensor import DEFAULT_DTYPE, Tensor, _to_args
 
 
 class Parameter(Tensor):
@@ -30,13 +30,21 @@ class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
+        if name in self._buffers and (value is None or isinstance(value, Tensor)) \
+                and not isinstance(value, Parameter):
+            self._buffers[name] = value  # self.mask = new_tensor replaces the buffer
+            object.__setattr__(self, name, value)
+            return
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
         if isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
@@ -46,7 +54,33 @@ class Module:
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
         object.__delattr__(self, name)
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """A tensor that belongs to the module but is not learned (a causal mask, running
+        statistics): it moves with .to(), and is in state_dict() when ``persistent``."""
+        if "_buffers" not in self.__dict__:
+            raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: {name!r} must be a Tensor or None, got "
+                            f"{type(tensor).__name__}")
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"register_buffer: attribute {name!r} already exists")
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        object.__setattr__(self, name, tensor)
+
+    def register_parameter(self, name: str, param) -> None:
+        setattr(self, name, param)
+
+    def register_module(self, name: str, module) -> None:
+        setattr(self, name, module)
+
+    add_module = register_module
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -72,8 +106,43 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
+    def named_children(self):
+        """(name, module) of the direct submodules, in registration order."""
+        seen = set()
+        for n, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield n, m
+
     def children(self):
-        return iter(self._modules.values())
+        for _, m in self.named_children():
+            yield m
+
+    def apply(self, fn):
+        """Call ``fn`` on every submodule (children first) and then on self; returns self."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def named_buffers(self, prefix: str = "", remove_duplicate: bool = True):
+        seen = set()
+        for mname, m in self._walk(prefix):
+            for n, b in m._buffers.items():
+                if b is None or (remove_duplicate and id(b) in seen):
+                    continue
+                seen.add(id(b))
+                yield (f"{mname}.{n}" if mname else n), b
+
+    def buffers(self):
+        for _, b in self.named_buffers():
+            yield b
+
+    def get_submodule(self, target: str):
+        m = self
+        for part in target.split(".") if target else ():
+            m = m._modules[part]
+        return m
 
     def named_parameters(self, prefix: str = "", remove_duplicate: bool = True):
         """(dotted name, Parameter) pairs; a shared Parameter is listed once, by its first name."""
@@ -96,20 +165,35 @@ class Module:
             yield p
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> "OrderedDict[str, object]":
-        """name -> backend array, every name (a shared Parameter appears under each name)."""
-        return OrderedDict(
-            (n, p.data) for n, p in self.named_parameters(remove_duplicate=False)
-        )
+    def _persistent_buffers(self):
+        for mname, m in self._walk():
+            for n, b in m._buffers.items():
+                if b is not None and n not in m._non_persistent:
+                    yield (f"{mname}.{n}" if mname else n), b
+
+    def state_dict(self) -> OrderedDict[str, Tensor]:
+        """name -> Tensor (detached, sharing the parameter's memory) for every parameter and
+        persistent buffer; a shared Parameter appears under each of its names."""
+        views: dict = {}  # a tied Parameter gives the same Tensor under each name
+
+        def view(t):
+            return views.setdefault(id(t), t.detach())
+
+        sd = OrderedDict((n, view(p)) for n, p in self.named_parameters(remove_duplicate=False))
+        for n, b in self._persistent_buffers():
+            sd[n] = view(b)
+        return sd
 
     def load_state_dict(self, state: dict, strict: bool = True):
-        """Copy arrays into the parameters, checking names and shapes first.
+        """Copy arrays (or Tensors) into the parameters and persistent buffers, checking names
+        and shapes first.
 
         Raises KeyError listing missing/unexpected names (when strict) and ValueError
         listing shape mismatches; nothing is modified unless every check passes.
         Returns (missing, unexpected).
         """
         own = OrderedDict(self.named_parameters(remove_duplicate=False))
+        own.update(self._persistent_buffers())
         missing = [n for n in own if n not in state]
         unexpected = [n for n in state if n not in own]
         if strict and (missing or unexpected):
@@ -143,32 +227,51 @@ class Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True):
+        """Forget the gradients (the default) or, with set_to_none=False, fill them with zeros."""
         for p in self.parameters():
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.data = get_array_module(p.grad.data).zeros_like(p.grad.data)
 
     def requires_grad_(self, requires_grad: bool = True):
         for p in self.parameters():
             p.requires_grad = requires_grad
         return self
 
-    def to(self, device=None, dtype=None):
-        """Move (and/or cast) every parameter in place; returns self."""
-        for p in self.parameters():
-            arr = p.data
+    def to(self, *args, **kwargs):
+        """Move and/or cast every parameter and buffer in place, as PyTorch's forms: to(device),
+        to(dtype), to(device, dtype), to(tensor). A dtype casts floating-point ones only.
+        Returns self."""
+        device, dtype = _to_args(args, kwargs)
+        tensors = list(self.parameters()) + list(self.buffers())
+        for t in tensors:
+            arr = t.data
             if device is not None:
-                arr = to_device(arr, parse_device(device))
-            if dtype is not None:
+                arr = to_device(arr, device)
+            if dtype is not None and arr.dtype.kind == "f":
                 arr = arr.astype(dtype)
-            p.data = arr
-            if p.grad is not None:
-                p.grad = None
+            if arr is not t.data:
+                t.data = arr
+                t._version[0] += 1
+                if isinstance(t, Parameter):
+                    t.grad = None
         return self
 
-    def cuda(self):
+    def cuda(self, device=None):
         return self.to("cuda")
 
     def cpu(self):
         return self.to("cpu")
+
+    def float(self):
+        return self.to(np.float32)
+
+    def double(self):
+        return self.to(np.float64)
+
+    def half(self):
+        return self.to(np.float16)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -322,3 +425,58 @@ class Sequential(ModuleList):
 
     def __init__(self, *modules):
         super().__init__(modules)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return x.tanh()
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return x.sigmoid()
+
+
+class SiLU(Module):
+    def forward(self, x):
+        return F.silu(x)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return F.softmax(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class CrossEntropyLoss(Module):
+    """F.cross_entropy as a module: logits (N, C) or (N, C, d1, ...) against class ids."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0):
+        super().__init__()
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing = label_smoothing
+
+    def forward(self, logits, target):
+        return F.cross_entropy(logits, target, ignore_index=self.ignore_index,
+                               reduction=self.reduction, label_smoothing=self.label_smoothing)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, x, target):
+        return F.mse_loss(x, target, reduction=self.reduction)

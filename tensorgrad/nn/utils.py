@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 
 from ..backend import to_numpy
+from ..tensor import Tensor
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Scale all gradients so that their joint L2 norm is at most ``max_norm``.
 
-    Returns the norm before clipping; inf/nan pass through unscaled so the caller sees them.
+    Returns the norm before clipping as a 0-d float32 tensor on the gradients' device (as
+    PyTorch; ``float(...)`` or ``.item()`` gives the number); inf/nan pass through unscaled so
+    the caller sees them.
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
@@ -24,4 +27,4 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
             for p in params:
                 # a new array: gradient arrays may be shared between tensors
                 p.grad.data = p.grad.data * p.grad.dtype.type(coef)
-    return total
+    return Tensor(total, device=params[0].device if params else None)

@@ -234,3 +234,56 @@ class Cast(Function):
 
     def backward(self, g):
         return g.astype(self.dtype_in), None
+
+
+class Clamp(Function):
+    """clip(x, lo, hi) (either bound None);  the gradient passes where lo <= x <= hi."""
+
+    def forward(self, x, lo=None, hi=None):
+        xp = get_array_module(x)
+        self.save(x)
+        self.lo, self.hi = lo, hi
+        y = x
+        if lo is not None:
+            y = xp.maximum(y, xp.asarray(lo, dtype=x.dtype))
+        if hi is not None:
+            y = xp.minimum(y, xp.asarray(hi, dtype=x.dtype))
+        return y
+
+    def backward(self, g):
+        (x,) = self.saved
+        keep = True
+        if self.lo is not None:
+            keep = keep & (x >= self.lo)
+        if self.hi is not None:
+            keep = keep & (x <= self.hi)
+        return g * keep, None, None
+
+
+def _split_ties(g, x_wins, y_wins, tie):
+    half = tie.astype(g.dtype) * g.dtype.type(0.5)
+    return g * (x_wins.astype(g.dtype) + half), g * (y_wins.astype(g.dtype) + half)
+
+
+class Maximum(_Binary):
+    """max(x, y) elementwise; at ties each input gets half the gradient (as torch.maximum)."""
+
+    def compute(self, x, y):
+        self.save(x, y)
+        return get_array_module(x, y).maximum(x, y)
+
+    def backward(self, g):
+        x, y = self.saved
+        return self.reduce(*_split_ties(g, x > y, y > x, x == y))
+
+
+class Minimum(_Binary):
+    """min(x, y) elementwise; at ties each input gets half the gradient (as torch.minimum)."""
+
+    def compute(self, x, y):
+        self.save(x, y)
+        return get_array_module(x, y).minimum(x, y)
+
+    def backward(self, g):
+        x, y = self.saved
+        return self.reduce(*_split_ties(g, x < y, y < x, x == y))

@@ -88,3 +88,15 @@ class Max(Function):
         hit = x == y
         count = hit.sum(axis=self.axes, keepdims=True).astype(g.dtype)
         return g * hit / count
+
+
+class Cumsum(Function):
+    """Running sum along ``dim``;  the gradient is the reversed running sum of g."""
+
+    def forward(self, x, dim):
+        self.dim = dim
+        return get_array_module(x).cumsum(x, axis=dim, dtype=x.dtype)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        return xp.flip(xp.cumsum(xp.flip(g, self.dim), axis=self.dim), self.dim), None

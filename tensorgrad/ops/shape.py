@@ -204,3 +204,125 @@ class Split(Function):
     def backward(self, *gs):
         xp = get_array_module(gs[0])
         return xp.concatenate(gs, axis=self.dim), None, None
+
+
+def _along(index, dim: int, xp):
+    """The full index tuple that picks ``index`` along ``dim`` (and every position elsewhere),
+    for ``xp.add.at`` (which, unlike put_along_axis, adds repeated indices)."""
+    nd = index.ndim
+    grid = [xp.arange(n).reshape([n if i == a else 1 for i in range(nd)])
+            for a, n in enumerate(index.shape)]
+    grid[dim] = index
+    return tuple(grid)
+
+
+class Gather(Function):
+    """out[i][j] = x[i][index[i][j]] along ``dim`` (torch.gather); repeated ids add up in
+    backward."""
+
+    def forward(self, x, index, dim):
+        xp = get_array_module(x)
+        self.dim, self.shape = dim, x.shape
+        self.save(index)
+        return xp.take_along_axis(x, index, axis=dim)
+
+    def backward(self, g):
+        (index,) = self.saved
+        xp = get_array_module(g)
+        gx = xp.zeros(self.shape, dtype=g.dtype)
+        xp.add.at(gx, _along(index, self.dim, xp), g)
+        return gx, None, None
+
+
+class ScatterAdd(Function):
+    """x with src added at ``index`` along ``dim`` (torch.scatter_add);  ∂src = gather(g)."""
+
+    def forward(self, x, index, src, dim):
+        xp = get_array_module(x)
+        self.dim = dim
+        self.save(index)
+        out = x.copy()
+        xp.add.at(out, _along(index, dim, xp), src[tuple(slice(0, s) for s in index.shape)])
+        self.src_shape = src.shape
+        return out
+
+    def backward(self, g):
+        (index,) = self.saved
+        xp = get_array_module(g)
+        gsrc = xp.zeros(self.src_shape, dtype=g.dtype)
+        gsrc[tuple(slice(0, s) for s in index.shape)] = xp.take_along_axis(g, index, axis=self.dim)
+        return g, None, gsrc, None
+
+
+class Pad(Function):
+    """Constant padding; ``pad`` lists (before, after) pairs from the last dim backwards, as
+    torch.nn.functional.pad. Negative amounts crop."""
+
+    def forward(self, x, pad, value=0.0):
+        xp = get_array_module(x)
+        if len(pad) % 2 or len(pad) // 2 > x.ndim:
+            raise ValueError(f"pad: {tuple(pad)} needs pairs for at most {x.ndim} dims")
+        widths = [(0, 0)] * x.ndim
+        for i in range(len(pad) // 2):
+            widths[x.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+        grow = [(max(a, 0), max(b, 0)) for a, b in widths]
+        y = xp.pad(x, grow, mode="constant", constant_values=xp.asarray(value, dtype=x.dtype))
+        crop = tuple(slice(-min(a, 0), y.shape[d] + min(b, 0)) for d, (a, b) in enumerate(widths))
+        self.shape, self.widths = x.shape, widths
+        return y[crop]
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        # undo: pad back what was cropped (with zeros), crop what was padded
+        grow = [(max(-a, 0), max(-b, 0)) for a, b in self.widths]
+        g = xp.pad(g, grow)
+        keep = tuple(slice(max(a, 0), g.shape[d] - max(b, 0))
+                     for d, (a, b) in enumerate(self.widths))
+        return g[keep], None
+
+
+class Clone(Function):
+    """A copy in new memory (x.clone())."""
+
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, g):
+        return g
+
+
+class WriteView(Function):
+    """In-place write of v into a region of base (``base[key] = v``, ``base.view(..)[i] += 1``):
+    the base after the write. ``get(a)`` reads the region from an array shaped like base,
+    ``put(a, v)`` writes it. The gradient for base is g outside the region, for v the region
+    of g (summed back to v's shape when v was broadcast)."""
+
+    def forward(self, base, v, get, put):
+        put(base, v)
+        self.get, self.put, self.v_shape = get, put, getattr(v, "shape", ())
+        return base
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        gv = unbroadcast(xp.asarray(self.get(g)), self.v_shape)
+        gb = g.copy()
+        self.put(gb, 0)  # the old values of the region no longer reach the output
+        return gb, gv
+
+
+class ReadView(Function):
+    """The region ``get(base)`` of base as a view (a view of a tensor rewritten in place)."""
+
+    def forward(self, base, get):
+        self.get, self.shape = get, base.shape
+        return get(base)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        gb = xp.zeros(self.shape, dtype=g.dtype)
+        region = self.get(gb)
+        if not xp.may_share_memory(region, gb):
+            raise RuntimeError("backward through a view rewritten in place: the view's region "
+                               "could not be located in its base; use out-of-place ops")
+        region[...] = g
+        return gb

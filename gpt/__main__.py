@@ -1,0 +1,21 @@
+"""``python -m gpt``: list the three commands."""
+
+import sys
+
+COMMANDS = (
+    ("gpt-train", "train a GPT (or fine-tune GPT-2) on text; `gpt-train --help`"),
+    ("gpt-sample", "generate text from a trained run or a GPT-2 checkpoint"),
+    ("gpt-explain", "show what happens inside one forward pass, step by step"),
+)
+
+
+def main() -> int:
+    print("gpt: a GPT-2 on tensorgrad. Commands:")
+    for name, what in COMMANDS:
+        print(f"  {name:<12} {what}")
+    print("Each takes --help.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,615 @@
+"""Code written for PyTorch runs with only its import lines changed (issue 12).
+
+The first part is a nanoGPT-style model and training loop written here as a PyTorch user
+would (not copied from anywhere), using the idioms GPT code uses: register_buffer of a
+causal mask, F.scaled_dot_product_attention, Module.apply with nn.init, configure_optimizers
+with inspect.signature, param-group lr edits, clip_grad_norm_, f"{loss:.4f}", a multinomial
+sampling loop with topk, tg.save / tg.load. The rest checks each idiom on its own, and the
+gradient of each new op against float64 finite differences.
+"""
+
+import inspect
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+# ruff: noqa: C408, PLR0402, RUF059  (written as PyTorch code is: dict(), import ... as nn)
+import tensorgrad as torch  # the only lines that differ from PyTorch code
+import tensorgrad.nn as nn
+from tensorgrad.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ----------------------------------------------------------------------------- nanoGPT-style
+
+
+class Config:
+    block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias = 16, 11, 2, 2, 16, 0.0, True
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config, flash):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.flash = config.n_head, config.n_embd, flash
+        self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size))
+                             .view(1, 1, config.block_size, config.block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.flash:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                               is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            att = self.attn_dropout(att)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config, flash):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = SelfAttention(config, flash)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, config, flash=True):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, flash) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None):
+        device = idx.device
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                   ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])
+            loss = None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        param_dict = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
+        decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
+        nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
+        optim_groups = [
+            {"params": decay_params, "weight_decay": weight_decay},
+            {"params": nodecay_params, "weight_decay": 0.0},
+        ]
+        fused_available = "fused" in inspect.signature(torch.optim.AdamW).parameters
+        use_fused = fused_available and device_type == "cuda"
+        extra_args = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **extra_args)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else \
+                idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("Inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+def get_lr(it, warmup_iters=2, lr_decay_iters=30, learning_rate=1e-2, min_lr=1e-3):
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def get_batch(data, block_size, batch_size, device):
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy((data[i:i + block_size]).astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + block_size]).astype(np.int64))
+                     for i in ix])
+    return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device,
+                                                                             non_blocking=True)
+
+
+def test_nanogpt_style_model_trains_samples_and_checkpoints(tmp_path, capsys):
+    torch.manual_seed(1337)
+    data = np.arange(400, dtype=np.uint16) % Config.vocab_size  # a learnable cycle
+    device, device_type = "cpu", "cpu"
+    model = TinyGPT(Config())
+    model.to(device)
+    assert model.get_num_params() > 0
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), device_type)
+    losses = []
+    for iter_num in range(30):
+        lr = get_lr(iter_num)
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+        X, Y = get_batch(data, Config.block_size, 8, device)
+        logits, loss = model(X, Y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lossf = loss.item()
+        losses.append(lossf)
+        print(f"iter {iter_num}: loss {loss:.4f}, norm {norm:.2f}, lr {lr:.2e}")
+    assert optimizer.param_groups[0]["lr"] == get_lr(29)
+    assert isinstance(norm, torch.Tensor) and norm.shape == ()
+    assert losses[-1] < losses[0] - 0.5, losses
+    out = capsys.readouterr().out
+    assert f"iter 29: loss {losses[-1]:.4f}" in out
+
+    # sampling with topk + multinomial
+    model.eval()
+    start = torch.zeros((1, 1), dtype=torch.long, device=device)
+    y = model.generate(start, 20, temperature=0.8, top_k=3)
+    assert y.shape == (1, 21) and y.dtype == torch.long
+    assert int(y.max()) < Config.vocab_size
+
+    # the causal-mask buffer: in the state dict, moves with .to, loads back
+    sd = model.state_dict()
+    assert "transformer.h.0.attn.bias" in sd and isinstance(sd["transformer.h.0.attn.bias"],
+                                                            torch.Tensor)
+    checkpoint = {"model": sd, "optimizer": optimizer.state_dict(), "iter_num": 30,
+                  "best_val_loss": 1.5, "config": {"n_layer": 2, "betas": (0.9, 0.95)}}
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    ck = torch.load(tmp_path / "ckpt.pt", map_location=device)
+    assert ck["iter_num"] == 30 and ck["config"]["betas"] == (0.9, 0.95)
+    model2 = TinyGPT(Config(), flash=False)  # the explicit masked-softmax path
+    model2.load_state_dict(ck["model"])
+    opt2 = model2.configure_optimizers(0.1, 3e-3, (0.9, 0.95), device_type)
+    opt2.load_state_dict(ck["optimizer"])
+    X, Y = get_batch(data, Config.block_size, 4, device)
+    with torch.no_grad():
+        a, b = model(X, Y)[1], model2(X, Y)[1]
+    assert abs(a.item() - b.item()) < 1e-5
+
+
+def test_configure_optimizers_sees_fused_and_passes_it():
+    assert "fused" in inspect.signature(torch.optim.AdamW).parameters
+    opt = TinyGPT(Config()).configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cuda")
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["weight_decay"] == 0.0
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class WithBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("mask", torch.ones(2, 2))
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+
+def test_register_buffer_state_dict_and_load():
+    m = WithBuffers()
+    sd = m.state_dict()
+    assert list(sd) == ["lin.weight", "lin.bias", "mask"]  # not the non-persistent one
+    assert [n for n, _ in m.named_buffers()] == ["mask", "scratch"]
+    assert [n for n, _ in m.named_parameters()] == ["lin.weight", "lin.bias"]
+    m2 = WithBuffers()
+    m2.load_state_dict({**{k: v.clone() for k, v in sd.items()}, "mask": np.full((2, 2), 3.0)})
+    np.testing.assert_array_equal(m2.mask.numpy(), np.full((2, 2), 3.0))
+    with pytest.raises(KeyError, match="mask"):
+        m2.load_state_dict({"lin.weight": sd["lin.weight"], "lin.bias": sd["lin.bias"]})
+    m2.mask = torch.zeros(2, 2)  # reassigning keeps it a buffer
+    assert "mask" in m2.state_dict()
+
+
+def test_state_dict_tensors_share_the_parameters_memory():
+    m = nn.Linear(3, 2)
+    sd = m.state_dict()
+    with torch.no_grad():
+        sd["weight"].copy_(torch.ones(3, 2).t())  # as nanoGPT's from_pretrained fills weights
+    np.testing.assert_array_equal(m.weight.numpy(), np.ones((2, 3)))
+    assert sd["weight"].grad_fn is None and not sd["weight"].requires_grad
+
+
+def test_buffers_move_and_cast_with_to():
+    m = WithBuffers().to(torch.float64)
+    assert m.lin.weight.dtype == np.float64 and m.mask.dtype == np.float64
+    m.to("cpu", torch.float32)
+    assert m.mask.dtype == np.float32
+    assert m.double().mask.dtype == np.float64 and m.float().lin.weight.dtype == np.float32
+    x = torch.randn(2, 3)
+    assert x.to(torch.float64).dtype == np.float64
+    assert x.to("cpu", torch.float64).dtype == np.float64
+    assert x.to(dtype=torch.float64).dtype == np.float64
+    assert x.double().float().dtype == np.float32
+    assert x.to(torch.zeros(1, dtype=torch.float64)).dtype == np.float64
+
+
+def test_module_traversal_in_pytorchs_order():
+    m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Tanh(), nn.Linear(2, 1)))
+    assert [n for n, _ in m.named_modules()] == ["", "0", "1", "1.0", "1.1"]
+    assert [n for n, _ in m.named_children()] == ["0", "1"]
+    assert [type(c).__name__ for c in m.children()] == ["Linear", "Sequential"]
+    assert len(list(m.modules())) == 5
+    seen = []
+    assert m.apply(lambda mod: seen.append(type(mod).__name__)) is m
+    assert seen == ["Linear", "Tanh", "Linear", "Sequential", "Sequential"]  # children first
+
+
+def test_zero_grad_set_to_none_false_zero_fills():
+    m = nn.Linear(3, 2)
+    m(torch.randn(4, 3)).sum().backward()
+    m.zero_grad(set_to_none=False)
+    assert m.weight.grad is not None and not m.weight.grad.numpy().any()
+    m.zero_grad()
+    assert m.weight.grad is None
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(torch.randn(4, 3)).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert not m.bias.grad.numpy().any()
+
+
+INITS = {
+    "normal_": (lambda t: nn.init.normal_(t, 1.0, 0.5), 1.0, 0.5),
+    "uniform_": (lambda t: nn.init.uniform_(t, -1.0, 3.0), 1.0, 4 / math.sqrt(12)),
+    "zeros_": (nn.init.zeros_, 0.0, 0.0),
+    "ones_": (nn.init.ones_, 1.0, 0.0),
+    "constant_": (lambda t: nn.init.constant_(t, 0.25), 0.25, 0.0),
+    "xavier_uniform_": (nn.init.xavier_uniform_, 0.0, math.sqrt(2 / (200 + 300))),
+    "xavier_normal_": (nn.init.xavier_normal_, 0.0, math.sqrt(2 / (200 + 300))),
+    "kaiming_uniform_": (lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)), 0.0,
+                         math.sqrt(2 / 6) / math.sqrt(300)),
+    "trunc_normal_": (lambda t: nn.init.trunc_normal_(t, std=0.02, a=-0.04, b=0.04), 0.0, None),
+}
+
+
+@pytest.mark.parametrize("name", INITS)
+def test_nn_init_in_place_no_graph_seeded(name):
+    fn, mean, std = INITS[name]
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.zeros(200, 300))
+    assert fn(p) is p and p.is_leaf and p.grad_fn is None and p.dtype == np.float32
+    a = p.numpy()
+    assert abs(a.mean() - mean) < 0.02
+    if std is not None:
+        assert abs(a.std() - std) < 0.05 * std + 1e-6
+    else:
+        assert a.min() >= -0.04 and a.max() <= 0.04
+    torch.manual_seed(0)
+    q = nn.Parameter(torch.zeros(200, 300))
+    fn(q)
+    np.testing.assert_array_equal(q.numpy(), a)  # drawn from the seeded generator
+
+
+# ----------------------------------------------------------------------------- optim, utils
+
+
+def test_param_group_lr_edit_changes_the_step():
+    p = nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    p.grad = torch.ones(3)
+    opt.param_groups[0]["lr"] = 0.5
+    opt.step()
+    np.testing.assert_allclose(p.numpy(), 0.5)
+
+
+def test_clip_grad_norm_returns_a_0d_tensor():
+    p = nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 2.0)
+    n = torch.nn.utils.clip_grad_norm_([p], 1.0)
+    assert isinstance(n, torch.Tensor) and n.shape == () and n.dtype == np.float32
+    assert float(n) == pytest.approx(4.0) and f"{n:.1f}" == "4.0"
+    np.testing.assert_allclose(np.linalg.norm(p.grad.numpy()), 1.0, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def test_topk_sort_argmax_cumsum():
+    x = torch.tensor([[1.0, 5.0, 3.0, 2.0], [0.0, -1.0, 4.0, 4.5]])
+    v, i = torch.topk(x, 2)
+    np.testing.assert_array_equal(v.numpy(), [[5, 3], [4.5, 4]])
+    np.testing.assert_array_equal(i.numpy(), [[1, 2], [3, 2]])
+    _, i2 = x.topk(1, dim=0, largest=False)
+    np.testing.assert_array_equal(i2.numpy(), [[1, 1, 0, 0]])
+    s, j = torch.sort(x, dim=-1, descending=True)
+    np.testing.assert_array_equal(s.numpy(), -np.sort(-x.numpy(), axis=-1))
+    np.testing.assert_array_equal(torch.gather(x, 1, j).numpy(), s.numpy())
+    assert torch.argmax(x).item() == 1 and torch.argmax(x, dim=1).tolist() == [1, 3]
+    np.testing.assert_allclose(torch.cumsum(x, dim=1).numpy(), np.cumsum(x.numpy(), axis=1))
+
+
+def test_multinomial_with_and_without_replacement():
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.0, 0.7, 0.3], [0.5, 0.0, 0.5]])
+    draws = torch.multinomial(probs, 2000, replacement=True)
+    assert draws.shape == (2, 2000) and draws.dtype == np.int64
+    d = draws.numpy()
+    assert not (d[0] == 0).any() and not (d[1] == 1).any()  # zero weight: never drawn
+    assert abs((d[0] == 1).mean() - 0.7) < 0.05
+    w = torch.multinomial(torch.tensor([1.0, 2.0, 0.0, 4.0]), 3)  # unnormalised weights
+    assert sorted(w.tolist()) == [0, 1, 3]
+    with pytest.raises(RuntimeError, match="multinomial"):
+        torch.multinomial(torch.tensor([1.0, 0.0]), 2)
+    g = torch.Generator().manual_seed(42)
+    a = torch.multinomial(probs, 5, replacement=True, generator=g)
+    b = torch.multinomial(probs, 5, replacement=True, generator=torch.Generator().manual_seed(42))
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_random_factories():
+    torch.manual_seed(3)
+    x = torch.randn(2, 3)
+    assert torch.randn_like(x).shape == (2, 3) and torch.rand_like(x).dtype == np.float32
+    r = torch.rand_like(x).numpy()
+    assert (r >= 0).all() and (r < 1).all()
+    a = torch.randint(2, 5, (100,)).numpy()
+    assert a.min() >= 2 and a.max() < 5 and a.dtype == np.int64
+    b = torch.randint(3, (4, 5))
+    assert b.shape == (4, 5) and int(b.max()) < 3
+    gen = torch.manual_seed(3)
+    assert gen.initial_seed() == 3
+    np.testing.assert_array_equal(torch.randn(2, 3).numpy(), x.numpy())
+
+
+# ----------------------------------------------------------------------------- functions
+
+
+def test_module_level_functions_are_the_methods():
+    x = torch.tensor([[0.5, -1.0], [2.0, 3.0]])
+    for name in ("tanh", "exp", "abs", "sigmoid", "relu"):
+        np.testing.assert_array_equal(getattr(torch, name)(x).numpy(), getattr(x, name)().numpy())
+    np.testing.assert_allclose(torch.sqrt(x.abs()).numpy(), np.sqrt(np.abs(x.numpy())))
+    np.testing.assert_allclose(torch.rsqrt(x.abs()).numpy(), 1 / np.sqrt(np.abs(x.numpy())))
+    np.testing.assert_allclose(torch.log(x.abs()).numpy(), np.log(np.abs(x.numpy())))
+    np.testing.assert_allclose(torch.pow(x, 2).numpy(), x.numpy() ** 2)
+    np.testing.assert_array_equal(torch.clamp(x, min=0.0, max=2.0).numpy(),
+                                  np.clip(x.numpy(), 0, 2))
+    np.testing.assert_array_equal(torch.maximum(x, torch.zeros(2, 2)).numpy(),
+                                  np.maximum(x.numpy(), 0))
+    np.testing.assert_array_equal(torch.minimum(x, torch.zeros(2, 2)).numpy(),
+                                  np.minimum(x.numpy(), 0))
+    np.testing.assert_allclose(torch.softmax(x, dim=-1).numpy(), F.softmax(x, -1).numpy())
+    np.testing.assert_array_equal(torch.tril(x).numpy(), np.tril(x.numpy()))
+    np.testing.assert_array_equal(torch.ones_like(x).numpy(), np.ones((2, 2)))
+    a, b = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
+    np.testing.assert_allclose(torch.bmm(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(torch.matmul(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(torch.einsum("bij,bjk->bik", a, b).numpy(),
+                               a.numpy() @ b.numpy(), rtol=1e-5)
+
+
+def test_tensor_methods():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    np.testing.assert_array_equal(x.index_select(1, torch.tensor([2, 0])).numpy(),
+                                  [[3, 1], [6, 4]])
+    np.testing.assert_allclose(x.norm().item(), np.linalg.norm(x.numpy()), rtol=1e-6)
+    np.testing.assert_allclose(x.norm(dim=1).numpy(), np.linalg.norm(x.numpy(), axis=1),
+                               rtol=1e-6)
+    rows = x.unbind(0)
+    assert len(rows) == 2 and rows[1].tolist() == [4, 5, 6]
+    np.testing.assert_array_equal(
+        torch.zeros(2, 3).scatter_add(1, torch.tensor([[0, 0, 2], [1, 1, 1]]), x).numpy(),
+        [[3, 0, 3], [0, 15, 0]])
+    assert (x // 2).tolist() == [[0, 1, 1], [2, 2, 3]]
+    y = torch.zeros(2, 3)
+    y.copy_(x)
+    y.masked_fill_(x > 4, -1.0)
+    assert y.tolist() == [[1, 2, 3], [4, -1, -1]]
+    y.zero_().fill_(2.5)
+    assert (y == 2.5).all()
+    torch.manual_seed(0)
+    assert y.normal_(0.0, 1.0).numpy().std() > 0 and y.uniform_(2, 3).numpy().min() >= 2
+    np.testing.assert_allclose(x.std(dim=1, correction=0).numpy(), x.numpy().std(axis=1),
+                               rtol=1e-6)
+    np.testing.assert_allclose(x.var(correction=1).item(), x.numpy().var(ddof=1), rtol=1e-6)
+    assert f"{x.sum():.1f}" == "21.0" and f"{torch.tensor(3)}" == "3"
+    s = x.size()
+    assert s == (2, 3) and s[1] == 3 and s.numel() == 6 and isinstance(s, tuple)
+    assert s[-1:] == (3,) and x.size(-1) == 3 and x.shape.numel() == 6
+
+
+def test_functional_and_loss_modules():
+    x = torch.randn(4, 5)
+    t = torch.tensor([0, 3, 1, 4])
+    np.testing.assert_allclose(F.silu(x).numpy(), x.numpy() / (1 + np.exp(-x.numpy())),
+                               rtol=1e-5)
+    np.testing.assert_allclose(nn.SiLU()(x).numpy(), F.silu(x).numpy())
+    np.testing.assert_allclose(nn.Tanh()(x).numpy(), np.tanh(x.numpy()), rtol=1e-6)
+    np.testing.assert_allclose(nn.Softmax(dim=-1)(x).numpy(), F.softmax(x, -1).numpy())
+    assert F.pad(x, (1, 2)).shape == (4, 8) and F.pad(x, (0, 0, 1, 0), value=9.0)[0, 0] == 9
+    np.testing.assert_allclose(F.mse_loss(x, torch.zeros(4, 5)).item(),
+                               (x.numpy() ** 2).mean(), rtol=1e-6)
+    ce = nn.CrossEntropyLoss()(x, t)
+    np.testing.assert_allclose(ce.item(), F.cross_entropy(x, t).item())
+    # label smoothing, against its definition
+    eps = 0.1
+    logp = x.numpy() - np.log(np.exp(x.numpy()).sum(1, keepdims=True))
+    want = ((1 - eps) * -logp[np.arange(4), t.numpy()] - eps * logp.mean(1)).mean()
+    got = F.cross_entropy(x, t, label_smoothing=eps)
+    np.testing.assert_allclose(got.item(), want, rtol=1e-5)
+    got = nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=3)(x, t)
+    keep = t.numpy() != 3
+    want = ((1 - eps) * -logp[np.arange(4), t.numpy()] - eps * logp.mean(1))[keep].mean()
+    np.testing.assert_allclose(got.item(), want, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+rs = np.random.default_rng(0)
+A, B34 = rs.standard_normal((3, 4)), rs.standard_normal((3, 4))
+IDX = np.array([[0, 2, 2, 1], [3, 3, 0, 0], [1, 0, 1, 2]])
+
+GRADS = {
+    "clamp": (lambda x: x.clamp(-0.5, 0.5), lambda x: np.clip(x, -0.5, 0.5), [A]),
+    "clamp min": (lambda x: torch.clamp(x, min=0.1), lambda x: np.maximum(x, 0.1), [A]),
+    "maximum": (torch.maximum, np.maximum, [A, B34]),
+    "minimum": (torch.minimum, np.minimum, [A, B34]),
+    "gather": (lambda x: x.gather(1, torch.tensor(IDX)),
+               lambda x: np.take_along_axis(x, IDX, 1), [A]),
+    "scatter_add": (lambda x, s: x.scatter_add(1, torch.tensor(IDX), s), None, [A, B34]),
+    "index_select": (lambda x: x.index_select(0, torch.tensor([2, 0, 2])),
+                     lambda x: x[[2, 0, 2]], [A]),
+    "cumsum": (lambda x: x.cumsum(1), lambda x: np.cumsum(x, 1), [A]),
+    "cumsum dim 0": (lambda x: torch.cumsum(x, dim=0), lambda x: np.cumsum(x, 0), [A]),
+    "sort values": (lambda x: x.sort(dim=1)[0], lambda x: np.sort(x, 1), [A]),
+    "topk values": (lambda x: x.topk(2)[0], lambda x: -np.sort(-x, 1)[:, :2], [A]),
+    "norm": (lambda x: x.norm(), np.linalg.norm, [A]),
+    "norm dim": (lambda x: x.norm(dim=0), lambda x: np.linalg.norm(x, axis=0), [A]),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5),
+            lambda x: np.pad(x, ((0, 1), (1, 2)), constant_values=0.5), [A]),
+    "pad crop": (lambda x: F.pad(x, (-1, 1)), lambda x: np.pad(x[:, 1:], ((0, 0), (0, 1))), [A]),
+    "einsum": (lambda x, y: torch.einsum("ij,kj->ik", x, y), lambda x, y: x @ y.T, [A, B34]),
+    "einsum sum": (lambda x, y: torch.einsum("ij,ij->i", x, y), lambda x, y: (x * y).sum(1),
+                   [A, B34]),
+    "einsum ellipsis": (lambda x: torch.einsum("...j->...", x), lambda x: x.sum(-1), [A]),
+    "silu": (F.silu, lambda x: x / (1 + np.exp(-x)), [A]),
+    "mse_loss": (F.mse_loss, lambda x, y: ((x - y) ** 2).mean(), [A, B34]),
+    "clone": (lambda x: x.clone() * 2, lambda x: x * 2, [A]),
+    "unbind": (lambda x: x.unbind(1)[2], lambda x: x[:, 2], [A]),
+    "bmm": (torch.bmm, lambda x, y: x @ y, [rs.standard_normal((2, 3, 4)),
+                                          rs.standard_normal((2, 4, 2))]),
+    "label smoothing": (lambda x: F.cross_entropy(x, torch.tensor([0, 3, 1]),
+                                                  label_smoothing=0.2), None, [A]),
+}
+
+
+@pytest.mark.parametrize("op", GRADS)
+def test_new_op_gradients(op):
+    fn, np_fn, arrays = GRADS[op]
+    check_op(fn, np_fn, *arrays, name=op)
+
+
+def test_float32_stays_float32_through_the_new_ops():
+    x = torch.randn(3, 4, requires_grad=True)
+    outs = [x.clamp(0, 1), torch.maximum(x, x * 2), x.gather(1, torch.tensor(IDX)),
+            x.cumsum(0), x.topk(2)[0], x.norm(), F.pad(x, (1, 1)), F.silu(x),
+            torch.einsum("ij->j", x), F.cross_entropy(x, torch.tensor([0, 1, 2]),
+                                                      label_smoothing=0.1)]
+    for o in outs:
+        assert o.dtype == np.float32
+    sum(o.sum() for o in outs).backward()
+    assert x.grad.dtype == np.float32
+
+
+# ----------------------------------------------------------------------------- the surface
+
+
+def test_save_load_round_trip_without_pickle(tmp_path):
+    state = {"w": torch.randn(2, 3), "ids": torch.tensor([1, 2]), "step": 7, "name": "run",
+             "nested": {"a": [1.5, None, torch.ones(1)], 3: "int key"}, "arr": np.zeros(2)}
+    torch.save(state, tmp_path / "s.safetensors")
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    assert b"pickle" not in raw and raw[:1] != b"\x80"
+    back = torch.load(tmp_path / "s.safetensors")
+    np.testing.assert_array_equal(back["w"].numpy(), state["w"].numpy())
+    assert back["ids"].dtype == np.int64 and back["step"] == 7 and back["name"] == "run"
+    assert back["nested"][3] == "int key" and back["nested"]["a"][1] is None
+    assert isinstance(back["nested"]["a"][2], torch.Tensor)
+    assert isinstance(back["arr"], np.ndarray)
+    with pytest.raises(TypeError, match="no pickle"):
+        torch.save({"f": object()}, tmp_path / "bad")
+
+
+def test_version_license_and_configs():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert torch.__version__ == meta["version"]
+    assert meta["license"]["text"] == "MIT"
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.json")), ids=lambda p: p.name)
+def test_example_configs_are_valid_for_gpt_train(path, tmp_path):
+    from gpt.train import resolve_config, validate
+
+    c = resolve_config(["--config", str(path), "--out-dir", str(tmp_path / "run")])[0]
+    validate(c)
+    assert c.preset == path.stem
+
+
+def test_gpt_package_surface(capsys):
+    from gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig.from_preset("tiny"))
+    assert model.get_num_params() == model.num_params()
+    mfu = model.estimate_mfu(fwdbwd_per_iter=4, dt=1.0)
+    assert 0 < mfu < 1
+    model.crop_block_size(8)
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+    ids = np.zeros((1, 8), dtype=np.int64)
+    logits, loss = model(ids, targets=ids)
+    assert logits.shape[1] == 8 and loss.shape == ()
+    out = subprocess.run([sys.executable, "-m", "gpt"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    for cmd in ("gpt-train", "gpt-sample", "gpt-explain"):
+        assert cmd in out
+
+
+def test_tensorgrad_never_imports_gpt():
+    code = "import sys, tensorgrad; assert not any(m == 'gpt' or m.startswith('gpt.') " \
+           "for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
