@@ -7,6 +7,7 @@ HuggingFace GPT-2 directories (config.json + model.safetensors).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -51,35 +52,62 @@ def atomic_write_json(path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
-def read_json(path) -> dict:
+def read_json(path, max_bytes: int = 256 << 20) -> dict:
+    """A JSON file that must be a regular file of at most max_bytes (not a FIFO or device)."""
+    from .validate import regular_file
+
+    regular_file(Path(path), "a JSON file", max_bytes)
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text("utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path} not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8, int digits
         raise CheckpointError(f"{path} is not valid JSON ({e})") from None
 
 
-def save_arrays(path, arrays: dict) -> None:
-    """name -> array (any device) into one safetensors file, atomically."""
+def save_arrays(path, arrays: dict) -> str:
+    """name -> array (any device) into one safetensors file, atomically; returns its sha256."""
     from safetensors.numpy import save
 
     host = {k: np.ascontiguousarray(to_numpy(v)) for k, v in arrays.items()}
-    atomic_write_bytes(path, save(host))
+    data = save(host)
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
-def load_arrays(path) -> dict:
+def load_arrays(path, want: dict | None = None, sha256: str | None = None,
+                dtypes=("F32",), optional=()) -> dict:
+    """The arrays of a safetensors file, checked before and after reading.
+
+    Before: a regular file whose header parses and (with ``want``, name -> shape) holds exactly
+    those tensors in one of ``dtypes``. After: the bytes have the recorded ``sha256`` (when
+    given), and every float array is finite. Each failure is one CheckpointError line.
+    """
     from safetensors.numpy import load
 
+    from .validate import check_tensors, read_header
+
     path = Path(path)
+    header = read_header(path)
+    if want is not None:
+        check_tensors(path, header, want, dtypes, optional)
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} not found") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError(f"{path} is corrupt: its sha256 differs from the one recorded when "
+                              "it was saved; restore it from a backup or use another checkpoint")
     try:
-        return load(data)
+        arrays = load(data)
     except Exception as e:  # safetensors raises its own error types on corrupt headers
         raise CheckpointError(f"{path} is not a valid safetensors file ({e})") from None
+    for k, v in arrays.items():
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            bad = int(v.size - np.isfinite(v).sum())
+            raise CheckpointError(f"{path}: {k} holds {bad} NaN or infinite values; the weights "
+                                  "are unusable (use an earlier checkpoint)")
+    return arrays
 
 
 # ----------------------------------------------------------------------------- GPT-2 (HF)
@@ -91,31 +119,40 @@ _HF_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh"
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def hf_config(d: dict) -> GPTConfig:
-    """GPTConfig from a HuggingFace GPT-2 config.json dict."""
+def hf_config(d, where: str = "config.json") -> GPTConfig:
+    """GPTConfig from a HuggingFace GPT-2 config.json dict (each field type- and range-checked)."""
+    from .validate import hf_model_config
+
+    fields = hf_model_config(d, where)
     act = d.get("activation_function", "gelu_new")
     if act not in _HF_GELU:
         raise CheckpointError(
-            f"config.json: activation_function {act!r} is not supported "
+            f"{where}: activation_function {act!r} is not supported "
             f"(one of {sorted(_HF_GELU)})"
         )
-    try:
-        return GPTConfig(
-            block_size=d.get("n_positions", d.get("n_ctx", 1024)),
-            vocab_size=d["vocab_size"], n_layer=d["n_layer"], n_head=d["n_head"],
-            n_embd=d["n_embd"], dropout=0.0, bias=True,
-            gelu=_HF_GELU[act],
-            tie_weights=d.get("tie_word_embeddings", True),
-            layer_norm_eps=d.get("layer_norm_epsilon", 1e-5),
-        )
-    except KeyError as e:
-        raise CheckpointError(f"config.json lacks the key {e.args[0]!r}") from None
-    except ValueError as e:  # GPTConfig.validate: a bad value
-        raise CheckpointError(f"config.json: {e}") from None
+    return GPTConfig(**fields, dropout=0.0, bias=True, gelu=_HF_GELU[act])
 
 
-def load_hf_gpt2(cls, path: Path):
-    """Build ``cls(config)`` from a GPT-2 directory; Conv1D (in, out) weights are transposed."""
+def _hf_name(k: str) -> str | None:
+    """Our parameter name for a HF GPT-2 tensor name; None for the causal-mask buffers."""
+    if k.endswith((".attn.bias", ".attn.masked_bias")):
+        return None
+    return k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
+
+
+def check_hf_dir(path) -> GPTConfig:
+    """The GPTConfig of a GPT-2 directory, validated without loading a weight: config.json's
+    fields, the memory the model needs, and model.safetensors' header (every tensor's shape
+    and a float dtype) against the config."""
+    from .validate import (
+        check_memory,
+        check_tensors,
+        estimate_bytes,
+        expected_shapes,
+        gib,
+        read_header,
+    )
+
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (expected a GPT-2 checkpoint directory)")
@@ -128,16 +165,39 @@ def load_hf_gpt2(cls, path: Path):
                 "required)"
             )
         raise CheckpointError(f"{path} has no model.safetensors")
-    config = hf_config(read_json(path / "config.json"))
+    config = hf_config(read_json(path / "config.json", 1 << 20), str(path / "config.json"))
+    need = estimate_bytes(config, train=False)
+    check_memory(need, f"the GPT-2 in {path} ({gib(need // 12)} of weights)")
+    header = {}
+    for k, t in read_header(st).items():
+        name = _hf_name(k)
+        if name is not None:
+            shape = t["shape"][::-1] if name.endswith(_CONV1D) else t["shape"]
+            header[name] = dict(t, shape=shape)
+    want = expected_shapes(config)
+    optional = ()
+    if config.tie_weights:  # some exports repeat the tied matrix as lm_head.weight
+        want["lm_head.weight"] = want["transformer.wte.weight"]
+        optional = ("lm_head.weight",)
+    check_tensors(st, header, want, dtypes=("F32", "F16", "F64"), optional=optional)
+    return config
+
+
+def load_hf_gpt2(cls, path: Path):
+    """Build ``cls(config)`` from a GPT-2 directory (checked first by check_hf_dir); Conv1D
+    (in, out) weights are transposed."""
+    config = check_hf_dir(path)
+    st = Path(path) / "model.safetensors"
     raw = load_arrays(st)
     state = {}
     for k, v in raw.items():
-        if k.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # causal-mask buffers, not parameters
-        name = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
+        name = _hf_name(k)
+        if name is None:
+            continue
         if name.endswith(_CONV1D):
             v = v.T
         state[name] = np.ascontiguousarray(v, dtype=np.float32)
+    del raw
     model = cls(config)
     try:
         model.load_state_dict(state)

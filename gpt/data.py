@@ -132,7 +132,12 @@ def fetch_shakespeare(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _decode_text(raw: bytes, name: str) -> str:
-    """UTF-8 (a leading BOM is dropped) with line endings normalised to \\n, as open() does."""
+    """UTF-8 (a leading BOM is dropped) with line endings normalised to \\n, as open() does.
+    A NUL byte, which no text file holds, names the file as binary."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise DataError(f"{name} is a binary file, not text (a NUL byte at offset {nul}); pass "
+                        "UTF-8 text files")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -184,6 +189,9 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
     root = Path(path)
     if not root.exists():
         raise DataError(f"{root} does not exist. Pass a text file or a folder of .txt files.")
+    if not root.is_dir() and not root.is_file():  # a FIFO would block, /dev/zero never end
+        raise DataError(f"{root} is not a regular file or a folder. Pass a text file or a "
+                        "folder of .txt files.")
     if root.is_dir():
         files = sorted(
             (f.relative_to(root).as_posix(), f)
@@ -194,6 +202,14 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
             raise DataError(f"{root} holds no .txt files. Pass a text file or a folder of them.")
     else:
         files = [(root.name, root)]
+    total = sum(f.stat().st_size for _, f in files)
+    if total == 0:
+        raise DataError(f"{root} is empty (0 bytes of text). Pass files with text in them.")
+    from gpt.validate import check_memory, gib
+
+    # the bytes, the decoded str (up to 4 bytes a character) and the token lists while
+    # preparing: about 16 bytes per input byte at the most
+    check_memory(16 * total, f"reading {gib(total)} of text from {root}", DataError)
     docs = []
     for name, f in files:
         try:

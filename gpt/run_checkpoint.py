@@ -9,6 +9,11 @@ one with the lowest validation loss (weights only, no optimizer state)::
     model-000500.safetensors   model.state_dict() (a tied lm_head.weight is not repeated)
     optim-000500.safetensors   AdamW moments, as state.{i}.exp_avg and state.{i}.exp_avg_sq
 
+ckpt.json also records each array file's sha256, checked on load. Loading validates before
+it allocates (see gpt.validate): ckpt.json's fields are schema-checked, its file names must be
+plain names of regular files in the directory, and the safetensors headers must hold exactly
+the shapes (float32) the model config implies; weights with NaN or inf are refused.
+
 Crash safety: the array files carry the iteration in their names and are written first,
 ckpt.json (which names them) last, each write atomic; files that ckpt.json no longer names
 are deleted only after that. A process killed at any moment leaves a ckpt.json whose files
@@ -23,8 +28,8 @@ import numpy as np
 
 import tensorgrad as tg
 
+from . import validate as v
 from .checkpoint import CheckpointError, atomic_write_json, load_arrays, read_json, save_arrays
-from .config import GPTConfig
 
 FORMAT = "tensorgrad-gpt/train-checkpoint/1"
 CKPT_JSON = "ckpt.json"
@@ -87,12 +92,12 @@ def save(directory, ckpt: dict, model, optimizer=None) -> None:
     d.mkdir(parents=True, exist_ok=True)
     it = int(ckpt["iter"])
     files = {"model": f"model-{it:06d}.safetensors"}
-    save_arrays(d / files["model"], model_arrays(model))
-    ckpt = dict(ckpt, format=FORMAT, files=files, optim=None)
+    sha = {"model": save_arrays(d / files["model"], model_arrays(model))}
+    ckpt = dict(ckpt, format=FORMAT, files=files, sha256=sha, optim=None)
     if optimizer is not None:
         files["optim"] = f"optim-{it:06d}.safetensors"
         arrays, meta = optimizer_arrays(optimizer)
-        save_arrays(d / files["optim"], arrays)
+        sha["optim"] = save_arrays(d / files["optim"], arrays)
         ckpt["optim"] = meta
     atomic_write_json(d / CKPT_JSON, ckpt)  # the commit point
     keep = set(files.values())
@@ -104,30 +109,170 @@ def save(directory, ckpt: dict, model, optimizer=None) -> None:
 
 
 def read_ckpt(directory) -> dict:
-    """The ckpt.json of a checkpoint directory (checked to be ours; arrays not read)."""
+    """The ckpt.json of a checkpoint directory, schema-checked (arrays not read)."""
     d = Path(directory)
     if not has_checkpoint(d):
         raise CheckpointError(f"no checkpoint in {d} ({CKPT_JSON} not found)")
-    ckpt = read_json(d / CKPT_JSON)
+    ckpt = read_json(d / CKPT_JSON, 1 << 30)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         got = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise CheckpointError(
             f"{d / CKPT_JSON} is not a gpt-train checkpoint (format {got!r}, "
             f"expected {FORMAT!r})"
         )
+    check_ckpt(ckpt, str(d / CKPT_JSON))
     return ckpt
 
 
+def _nonneg_int(x) -> bool:
+    return v.is_int(x) and x >= 0
+
+
+def _pcg64(x) -> bool:
+    """A numpy PCG64 bit_generator.state dict."""
+    return (isinstance(x, dict) and x.get("bit_generator") == "PCG64"
+            and isinstance(x.get("state"), dict)
+            and all(_nonneg_int(x["state"].get(k)) for k in ("state", "inc"))
+            and _nonneg_int(x.get("has_uint32")) and _nonneg_int(x.get("uinteger")))
+
+
+def _hex64(x) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(ch in "0123456789abcdef" for ch in x)
+
+
+def check_ckpt(ckpt: dict, where: str) -> None:
+    """Type and range of every field a loader reads (CheckpointError names the field).
+
+    Fields only a resumed run needs (rng, samplers, data, train_config) are checked when
+    present; train.py insists on them when resuming.
+    """
+    need = v.need
+    need(ckpt, "iter", where, _nonneg_int, "a non-negative integer")
+    files = need(ckpt, "files", where, lambda x: isinstance(x, dict) and "model" in x,
+                 'an object naming the "model" file')
+    for k in files:
+        if k not in ("model", "optim"):
+            raise CheckpointError(f"{where}: files has the unknown entry {k!r}")
+        v.plain_file(Path(where).parent, files[k], f"{where} files.{k}")
+    sha = need(ckpt, "sha256", where, lambda x: isinstance(x, dict), "an object", optional=True)
+    for k in sha or {}:
+        need(sha, k, f"{where} sha256", _hex64, "64 lowercase hex digits")
+    need(ckpt, "model_config", where, lambda x: isinstance(x, dict), "a JSON object")
+    v.model_config(ckpt["model_config"], where)
+    tok = need(ckpt, "tokenizer", where, lambda x: isinstance(x, dict) and "type" in x,
+               'an object with a "type"')
+    if tok["type"] == "char":
+        need(tok, "chars", f"{where} tokenizer", lambda x: isinstance(x, str), "a string")
+    elif tok["type"] == "bpe":
+        need(tok, "vocab", f"{where} tokenizer", lambda x: isinstance(x, dict) and all(
+            isinstance(a, str) and _nonneg_int(b) for a, b in x.items()),
+            "an object of token -> non-negative integer id")
+        need(tok, "merges", f"{where} tokenizer", lambda x: isinstance(x, list) and all(
+            isinstance(m, str) for m in x), "a list of strings")
+    else:
+        raise CheckpointError(f"{where}: tokenizer.type must be 'char' or 'bpe', got "
+                              f"{tok['type']!r}")
+    for k in ("val_loss", "best_val_loss", "best_train_loss"):
+        need(ckpt, k, where, v.is_number, "a finite number or null", optional=True)
+    need(ckpt, "elapsed_s", where, lambda x: v.is_number(x) and x >= 0,
+         "a non-negative number", optional=True)
+    need(ckpt, "tokens_seen", where, _nonneg_int, "a non-negative integer", optional=True)
+    need(ckpt, "evaluated", where, lambda x: isinstance(x, bool), "true or false", optional=True)
+    need(ckpt, "train_config", where, lambda x: isinstance(x, dict), "a JSON object",
+         optional=True)
+    rng = need(ckpt, "rng", where, lambda x: isinstance(x, dict), "a JSON object", optional=True)
+    if rng is not None:
+        need(rng, "seed", f"{where} rng", _nonneg_int, "a non-negative integer")
+        need(rng, "cpu", f"{where} rng", _pcg64, "a PCG64 generator state")
+    samplers = need(ckpt, "samplers", where, lambda x: isinstance(x, dict), "a JSON object",
+                    optional=True)
+    for name, st in (samplers or {}).items():
+        ok = isinstance(st, dict) and _pcg64(st.get("bit_generator"))
+        if not ok:
+            raise CheckpointError(f"{where}: samplers.{name} must hold a PCG64 generator state")
+    data = need(ckpt, "data", where, lambda x: isinstance(x, dict), "a JSON object",
+                optional=True)
+    if data is not None:
+        for k in ("dir", "source_hash"):
+            need(data, k, f"{where} data", lambda x: isinstance(x, str), "a string")
+    optim = need(ckpt, "optim", where, lambda x: isinstance(x, dict), "a JSON object",
+                 optional=True)
+    if optim is not None:
+        _check_optim(optim, f"{where} optim")
+
+
+def _check_optim(optim: dict, where: str) -> None:
+    def group(g) -> bool:
+        return (isinstance(g, dict) and all(v.is_number(g.get(k)) and g[k] >= 0
+                                            for k in ("lr", "eps", "weight_decay"))
+                and isinstance(g.get("betas"), list) and len(g["betas"]) == 2
+                and all(v.is_number(b) and 0 <= b < 1 for b in g["betas"])
+                and isinstance(g.get("params"), list) and all(map(_nonneg_int, g["params"])))
+
+    v.need(optim, "param_groups", where, lambda x: isinstance(x, list) and all(map(group, x)),
+           "a list of AdamW parameter groups (lr, betas, eps, weight_decay, params)")
+    v.need(optim, "steps", where, lambda x: isinstance(x, dict) and all(
+        k.isascii() and k.isdigit() and _nonneg_int(s) for k, s in x.items()),
+        "an object of parameter index -> non-negative step count")
+
+
+def check_model_file(directory, ckpt: dict) -> None:
+    """The model file's header against ckpt's model config (reads only the header): a resumed
+    run checks this before its memory estimate, which trusts the config."""
+    d = Path(directory)
+    path = v.plain_file(d, ckpt["files"]["model"], f"{d / CKPT_JSON} files.model")
+    config = v.model_config(ckpt["model_config"], str(d / CKPT_JSON))
+    v.check_tensors(path, v.read_header(path), v.expected_shapes(config))
+
+
 def load(directory, with_optimizer: bool = True) -> tuple[dict, dict, dict | None]:
-    """(ckpt dict, model arrays, AdamW state dict or None) from a checkpoint directory."""
+    """(ckpt dict, model arrays, AdamW state dict or None) from a checkpoint directory.
+
+    Everything is validated first (see the module docstring); a failure is one
+    CheckpointError line naming the file and what is wrong with it.
+    """
     d = Path(directory)
     ckpt = read_ckpt(d)
-    files = ckpt.get("files") or {}
-    model = load_arrays(d / files.get("model", "?"))
+    where = str(d / CKPT_JSON)
+    config = v.model_config(ckpt["model_config"], where)
+    need = v.estimate_bytes(config, train=False)
+    v.check_memory(need, f"the model in {d} ({v.gib(need // 12)} of weights)")
+    files, sha = ckpt["files"], ckpt.get("sha256") or {}
+    want = v.expected_shapes(config)
+    model = load_arrays(d / files["model"], want, sha.get("model"))
     optim = None
     if with_optimizer and ckpt.get("optim") is not None:
-        optim = optimizer_state(load_arrays(d / files.get("optim", "?")), ckpt["optim"])
+        if "optim" not in files:
+            raise CheckpointError(f"{where}: files lacks the optim entry its optim state needs")
+        path = v.plain_file(d, files["optim"], f"{where} files.optim")
+        _check_moments(path, ckpt, want)
+        optim = optimizer_state(load_arrays(path, None, sha.get("optim")), ckpt["optim"])
     return ckpt, model, optim
+
+
+def _check_moments(path: Path, ckpt: dict, want: dict) -> None:
+    """The optim file's header: state.{i}.exp_avg/exp_avg_sq (float32) for exactly the indices
+    with a step count, each pair of one shape, the shapes those of distinct model parameters.
+    AdamW.load_state_dict then matches each to its parameter."""
+    header = v.read_header(path)
+    steps = ckpt["optim"]["steps"]
+    names = {f"state.{i}.{m}" for i in steps for m in ("exp_avg", "exp_avg_sq")}
+    if set(header) != names:
+        odd = min(set(header) ^ names)
+        raise CheckpointError(f"{path} does not match the optimizer state in ckpt.json "
+                              f"({odd!r} is in one but not the other)")
+    pool = [tuple(s) for s in want.values()]
+    for i in steps:
+        m, s2 = header[f"state.{i}.exp_avg"], header[f"state.{i}.exp_avg_sq"]
+        if m["dtype"] != "F32" or s2["dtype"] != "F32" or m["shape"] != s2["shape"]:
+            raise CheckpointError(f"{path}: the moments of parameter {i} are not two float32 "
+                                  "arrays of one shape; the file is corrupt")
+        try:
+            pool.remove(tuple(m["shape"]))
+        except ValueError:
+            raise CheckpointError(f"{path}: the moments of parameter {i} have shape "
+                                  f"{tuple(m['shape'])}, which no (other) parameter of the "
+                                  "model has; the file is corrupt") from None
 
 
 def load_model(out_dir, which: str = "best", device: str = "cpu"):
@@ -137,7 +282,6 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
     stopped before its first evaluation).
     """
     from .model import GPT
-    from .tokenizer import tokenizer_from_dict
 
     d = checkpoint_dir(out_dir, which)
     if which == "best" and not has_checkpoint(d) and has_checkpoint(out_dir):
@@ -146,17 +290,29 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
         raise CheckpointError(
             f"no checkpoint in {out_dir}: train one with gpt-train --out-dir {out_dir}"
         )
+    ckpt = read_ckpt(d)
+    config = v.model_config(ckpt["model_config"], str(d / CKPT_JSON))
+    tok = checked_tokenizer(ckpt, config, str(d / CKPT_JSON))  # before the weights are read
     ckpt, arrays, _ = load(d, with_optimizer=False)
-    try:
-        config = GPTConfig.from_dict(ckpt["model_config"])
-        tok = tokenizer_from_dict(ckpt["tokenizer"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{d / CKPT_JSON} is incomplete or invalid ({e})") from None
     model = GPT(config)
     try:
-        model.load_state_dict({k: np.asarray(v) for k, v in arrays.items()})
+        model.load_state_dict({k: np.asarray(a) for k, a in arrays.items()})
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{d} weights do not fit the model config: {e}") from None
     model.to(device)
     model.eval()
     return model, tok, ckpt, d
+
+
+def checked_tokenizer(ckpt: dict, config, where: str):
+    """The checkpoint's tokenizer, which must have exactly the model's vocabulary size."""
+    from .tokenizer import tokenizer_from_dict
+
+    try:
+        tok = tokenizer_from_dict(ckpt["tokenizer"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: the tokenizer is invalid ({e})") from None
+    if tok.vocab_size != config.vocab_size:
+        raise CheckpointError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model "
+                              f"config {config.vocab_size}; they must be equal")
+    return tok

@@ -12,6 +12,7 @@ can no longer change is printed (a trailing U+FFFD waits for the rest of its byt
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -55,12 +56,13 @@ def stream_sample(model, tok, prompt_ids: list[int], max_new_tokens: int,
     ids: list[int] = []
     shown = 0
     text = ""
+    # the char tokenizer's unknown-character id is never wanted, nor ids of a padded
+    # vocabulary that the tokenizer cannot decode
+    suppress = [tok.unk_token_id] if getattr(tok, "unk_token_id", None) is not None else []
+    suppress += range(tok.vocab_size, getattr(getattr(model, "config", None), "vocab_size", 0))
     stream = model.generate_stream(np.array([prompt_ids], dtype=np.int64), max_new_tokens,
                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                   eos_token_id=eot, seed=seed,
-                                   # the char tokenizer's unknown-character id is never wanted
-                                   suppress_tokens=[tok.unk_token_id]
-                                   if getattr(tok, "unk_token_id", None) is not None else None)
+                                   eos_token_id=eot, seed=seed, suppress_tokens=suppress or None)
     for nxt in stream:
         t = int(nxt[0])
         if t == eot:
@@ -130,12 +132,17 @@ def _validate(a) -> None:
         raise UsageError(f"--temperature must be >= 0, got {a.temperature}")
     if a.top_k < 0:
         raise UsageError(f"--top-k must be >= 0 (0 = off), got {a.top_k}")
+    if not math.isfinite(a.temperature):
+        raise UsageError(f"--temperature must be a finite number, got {a.temperature}")
+    if a.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {a.seed}")
     if a.top_p is not None and not 0.0 < a.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
     if a.init_from is not None and not Path(a.init_from).is_dir():
         raise UsageError(f"--init-from {a.init_from} is not a directory")
     if a.prompt_file is not None and not Path(a.prompt_file).is_file():
-        raise UsageError(f"--prompt-file {a.prompt_file} does not exist")
+        raise UsageError(f"--prompt-file {a.prompt_file} does not exist or is not a regular "
+                         "file")
     if a.device == "cuda" and tg.cuda.unavailable_reason() is not None:
         raise UsageError(tg.cuda.unavailable_reason())
 
@@ -148,11 +155,14 @@ def _load(a):
     from .tokenizer import load_tokenizer_dir
 
     if a.init_from is not None:
-        model = GPT.from_pretrained(a.init_from)
         try:
             tok = load_tokenizer_dir(a.init_from)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {a.init_from}: {e}") from None
+        model = GPT.from_pretrained(a.init_from)
+        if tok.vocab_size > model.config.vocab_size:
+            raise CheckpointError(f"the tokenizer of {a.init_from} has {tok.vocab_size} tokens "
+                                  f"but its model only {model.config.vocab_size}")
         model.to(a.device)
         return model, tok, a.init_from
     out_dir = a.out_dir or DEFAULT_OUT_DIR
@@ -181,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"gpt-sample: error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, OSError, ValueError) as e:
+    except (CheckpointError, OSError, ValueError) as e:  # a runtime failure, not a bad flag
         print(f"gpt-sample: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return 1
+    except MemoryError:
+        print("gpt-sample: error: out of memory loading the model", file=sys.stderr)
+        return 1
     ids = start_ids(tok, prompt)
     if getattr(tok, "kind", "") == "char" and 0 in ids:
         print("gpt-sample: warning: the prompt has characters the model never saw in training "

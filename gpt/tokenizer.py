@@ -68,6 +68,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | memoryview) -> Non
         raise
 
 
+MAX_TOKEN_ID = 1 << 24  # far above any real vocabulary; bounds what a vocab.json can allocate
+
+
 class Tokenizer:
     """What gpt needs from a tokenizer. Subclasses implement `encode_ordinary` and `decode`."""
 
@@ -180,6 +183,8 @@ class CharTokenizer(Tokenizer):
     def from_dict(cls, d: dict) -> CharTokenizer:
         if d.get("type") != "char":
             raise ValueError(f"not a char tokenizer dict (type={d.get('type')!r})")
+        if not isinstance(d.get("chars"), str):
+            raise ValueError("a char tokenizer's 'chars' must be a string")  # noqa: TRY004 (callers catch ValueError)
         return cls(d["chars"])
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -342,6 +347,14 @@ class BPETokenizer(Tokenizer):
     kind = "bpe"
 
     def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]):
+        # vocab.json is untrusted input: ids as strings or huge ids would fail obscurely below
+        if not isinstance(vocab, dict) or not all(
+            isinstance(t, str) and type(i) is int and 0 <= i < MAX_TOKEN_ID
+            for t, i in vocab.items()
+        ):
+            raise ValueError(
+                f"vocab must map token strings to integer ids in 0..{MAX_TOKEN_ID - 1}"
+            )
         if len(set(vocab.values())) != len(vocab):
             raise ValueError("vocab maps two tokens to the same id")
         b2u = byte_to_unicode()
@@ -456,7 +469,9 @@ class BPETokenizer(Tokenizer):
     def from_dict(cls, d: dict) -> BPETokenizer:
         if d.get("type") != "bpe":
             raise ValueError(f"not a bpe tokenizer dict (type={d.get('type')!r})")
-        return cls(d["vocab"], [_split_merge(m) for m in d["merges"]])
+        if not isinstance(d.get("merges"), list):
+            raise ValueError("a bpe tokenizer's 'merges' must be a list of strings")  # noqa: TRY004 (callers catch ValueError)
+        return cls(d.get("vocab"), [_split_merge(m) for m in d["merges"]])
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write GPT-2's `vocab.json` (token -> id) and `merges.txt` into `directory`."""
@@ -484,6 +499,8 @@ class BPETokenizer(Tokenizer):
 
 def _split_merge(line: str) -> tuple[str, str]:
     # Byte-level tokens never hold a real space (the space byte is spelled 'Ġ').
+    if not isinstance(line, str):
+        raise ValueError(f"bad merge {line!r}: expected a string 'a b'")  # noqa: TRY004 (callers catch ValueError)
     parts = line.split(" ")
     if len(parts) != 2:
         raise ValueError(f"bad merge line {line!r}: expected two tokens separated by one space")
@@ -498,6 +515,8 @@ _TYPES: dict[str, type[CharTokenizer | BPETokenizer]] = {
 
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Rebuild a tokenizer from its `to_dict()` form, dispatching on d['type'] ('char'|'bpe')."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a tokenizer must be a JSON object, got {type(d).__name__}")  # noqa: TRY004 (callers catch ValueError)
     kind = d.get("type")
     if kind not in _TYPES:
         raise ValueError(f"unknown tokenizer type {kind!r}; expected one of {sorted(_TYPES)}")

@@ -14,7 +14,15 @@ iterations evaluate and checkpoint, and each iteration take one optimizer step.
 
 Resuming is exact: the checkpoint holds the weights, the AdamW moments and step counts, the
 tensorgrad RNG (dropout) and the batch samplers' generators, so N iterations in one run and
-N/2 plus --resume give bitwise the same losses on CPU.
+N/2 plus --resume give bitwise the same losses on CPU (with --lr-decay-iters fixed: the cosine
+schedule otherwise follows --max-iters). An evaluation interrupted by a signal, or one off the
+--eval-interval grid (at --max-iters), rewinds its samplers, so the resumed run repeats it or
+draws what an uninterrupted run would; a checkpoint saved before its due evaluation says
+"evaluated": false and the resumed run evaluates first.
+
+Reliability: the run directory is locked (gpt.lock) for the life of the process; every input
+is checked before work starts, including a memory estimate (gpt.validate); a non-finite loss,
+or one far above the run's best (--divergence-factor), stops the run before it saves.
 """
 
 from __future__ import annotations
@@ -28,19 +36,20 @@ import os
 import re
 import shlex
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import tensorgrad as tg
-from tensorgrad import to_device
+from tensorgrad import get_array_module, to_device
 from tensorgrad.cuda import set_matmul_precision
 
 from . import diagnostics as diag
 from . import dist_train
 from . import run_checkpoint as rc
-from .checkpoint import CheckpointError, atomic_write_bytes
+from .checkpoint import CheckpointError, atomic_write_bytes, check_hf_dir
 from .config import PRESETS, GPTConfig
 from .data import (
     BatchSampler,
@@ -51,8 +60,10 @@ from .data import (
     read_shakespeare,
     read_text_path,
 )
+from .lock import LockError, RunLock
 from .model import GPT
 from .optim import clip_grad_norm_, cosine_lr
+from .validate import LIMITS, check_memory, estimate_bytes, n_params
 
 
 @dataclass
@@ -82,6 +93,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 = off
+    # stop when a loss exceeds max(factor x the run's best, ln vocab_size); 0 = off
+    divergence_factor: float = 4.0
     # evaluation, output
     eval_interval: int = 250
     eval_iters: int = 20
@@ -96,7 +109,8 @@ class TrainConfig:
 INT_FIELDS = {"vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
               "grad_accum", "max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
               "eval_iters", "seed", "sample_tokens"}
-FLOAT_FIELDS = {"dropout", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"}
+FLOAT_FIELDS = {"dropout", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip",
+                "divergence_factor"}
 STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device",
               "dtype"}
 DTYPES = {"float32": "highest", "tf32": "tf32", "bf16": "bf16"}  # -> set_matmul_precision
@@ -109,6 +123,15 @@ EXIT_USAGE, EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 2, 1, 130, 143
 
 class UsageError(Exception):
     """A bad flag or value; main prints the message as one line and exits 2."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM outside the training loop (reading data, loading, the final sample):
+    main exits at once with 130/143 (a hung read of a FIFO would swallow a mere flag)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--beta2", type=float, metavar="X", help=f"AdamW beta2 ({d.beta2})")
     g.add_argument("--grad-clip", type=float, metavar="X",
                    help=f"clip the global gradient norm to this; 0 = off ({d.grad_clip})")
+    g.add_argument("--divergence-factor", type=float, metavar="X",
+                   help="stop (keeping the last sane checkpoint) when a training or validation "
+                   "loss exceeds X times the run's best and ln(vocab size), i.e. worse than "
+                   f"uniform guessing; 0 = only NaN/inf stop the run ({d.divergence_factor})")
     g = p.add_argument_group("evaluation and output")
     g.add_argument("--eval-interval", type=int, metavar="N",
                    help=f"evaluate and checkpoint every N steps ({d.eval_interval})")
@@ -199,11 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- configuration
 def _read_config_file(path: str) -> dict:
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read
+        raise UsageError(f"--config {path} is not a regular file")
     try:
         obj = json.loads(Path(path).read_text("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--config {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
         raise UsageError(f"--config {path} is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise UsageError(f"--config {path} must hold a JSON object")
@@ -273,8 +302,15 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
         if missing:
             raise CheckpointError(f"{out_dir}/ckpt.json lacks {', '.join(missing)}: it was not "
                                   "written by gpt-train and cannot be resumed")
+        rc.checked_tokenizer(ckpt, GPTConfig.from_dict(ckpt["model_config"]),
+                             f"{out_dir}/ckpt.json")
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k in fields}
+        try:
+            _check_types(saved)
+            validate(TrainConfig(**{**base, **saved}), check_paths=False)
+        except UsageError as e:
+            raise CheckpointError(f"{out_dir}/ckpt.json train_config: {e}") from None
         for k in FIXED_ON_RESUME:
             if k in given and given[k] != saved.get(k):
                 flag = "--" + k.replace("_", "-")
@@ -285,16 +321,29 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
     return cfg, ckpt, control
 
 
-def validate(c: TrainConfig) -> None:
-    """Refuse nonsense before any work is done (UsageError names the flag)."""
+def validate(c: TrainConfig, check_paths: bool = True) -> None:
+    """Refuse nonsense before any work is done (UsageError names the flag). check_paths=False
+    skips what looks at files and devices (a saved config's values only)."""
     def positive(name, v):
         if v is not None and v <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {v}")
 
+    for name in sorted(FLOAT_FIELDS):
+        v = getattr(c, name)
+        if v is not None and not math.isfinite(v):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {v}")
+    if not 0 <= c.seed < 2**63:
+        raise UsageError(f"--seed must be in 0..2**63-1, got {c.seed}")
+
     for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters",
                  "n_layer", "n_head", "n_embd", "block_size", "lr_decay_iters"):
         positive(name, getattr(c, name))
-    for name in ("warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"):
+    for name, top in LIMITS.items():
+        if (getattr(c, name) or 0) > top:
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {top:,}, got "
+                             f"{getattr(c, name):,}")
+    for name in ("warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr",
+                 "divergence_factor"):
         if getattr(c, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(c, name)}")
     if not c.lr > 0:
@@ -317,10 +366,12 @@ def validate(c: TrainConfig) -> None:
         if c.vocab_size < 257:
             raise UsageError(f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), "
                              f"got {c.vocab_size}")
-    if c.data is not None and not Path(c.data).exists():
-        raise UsageError(f"--data {c.data} does not exist")
+    if check_paths:
+        _check_data_path(c.data)
+        if c.out_dir and Path(c.out_dir).exists() and not Path(c.out_dir).is_dir():
+            raise UsageError(f"--out-dir {c.out_dir} exists and is not a directory")
     if c.init_from is not None:
-        if not Path(c.init_from).is_dir():
+        if check_paths and not Path(c.init_from).is_dir():
             raise UsageError(f"--init-from {c.init_from} is not a directory")
         for name in ("n_layer", "n_head", "n_embd"):
             if getattr(c, name) is not None:
@@ -333,12 +384,53 @@ def validate(c: TrainConfig) -> None:
         if m["n_embd"] % m["n_head"]:
             raise UsageError(f"n_embd ({m['n_embd']}) must be divisible by n_head "
                              f"({m['n_head']}); set --n-embd / --n-head accordingly")
-    if c.device == "cuda" and tg.cuda.unavailable_reason() is not None:
+    if c.device == "cuda" and check_paths and tg.cuda.unavailable_reason() is not None:
         raise UsageError(tg.cuda.unavailable_reason())
     if c.device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {c.device!r}")
     if c.dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
+
+
+def _check_data_path(path: str | None) -> None:
+    """--data must be a text file or a folder: not a FIFO (reading one blocks), a device
+    (/dev/zero never ends) or an empty file (which would surface as a block-size problem)."""
+    if path is None:
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"--data {path} does not exist") from None
+    except OSError as e:
+        raise UsageError(f"--data {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"--data {path} is not a regular file or a folder (a FIFO, device or "
+                         "socket); pass a text file or a folder of .txt files")
+    if st.st_size == 0:
+        raise UsageError(f"--data {path} is an empty file (0 bytes); pass a file with text in it")
+
+
+def check_fits(c: TrainConfig, config: GPTConfig) -> None:
+    """Refuse a configuration whose training step cannot fit in the available memory."""
+    need = estimate_bytes(config, c.batch_size)
+    check_memory(need, f"this configuration ({num_params_text(n_params(config))} parameters, "
+                 f"batch {c.batch_size} x {config.block_size} tokens)", UsageError)
+
+
+def _planned_config(c: TrainConfig) -> GPTConfig:
+    """The model a fresh run will build, before its data is prepared (vocabulary guessed:
+    --vocab-size or 4096 for BPE, 256 for characters; --init-from's, checked with its header)."""
+    if c.init_from:
+        mc = check_hf_dir(c.init_from)
+        return dataclasses.replace(mc, block_size=c.block_size or mc.block_size)
+    vocab = (c.vocab_size or 4096) if c.tokenizer == "bpe" else 256
+    return GPTConfig.from_preset(c.preset, vocab_size=vocab, **_model_overrides(c))
+
+
+def num_params_text(n: int) -> str:
+    return f"{n / 1e6:,.2f}M" if n >= 1e5 else f"{n:,}"
 
 
 def _model_overrides(c: TrainConfig) -> dict:
@@ -403,8 +495,10 @@ class Metrics:
             for line in path.read_text("utf-8").splitlines():
                 try:
                     r = json.loads(line)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     continue  # a line cut short by a kill
+                if not isinstance(r, dict) or not isinstance(r.get("iter", 0), int):
+                    continue  # not ours (edited by hand)
                 if r.get("iter", 0) < keep_until or ("val_loss" in r and r["iter"] == keep_until):
                     self.records.append(r)
         text = "".join(json.dumps(r) + "\n" for r in self.records)
@@ -446,6 +540,32 @@ def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
     return out
 
 
+def _bad_evaluation(losses: dict, best_val: float, params, diverged, factor: float) -> str | None:
+    """Why this evaluation's state must not become a checkpoint, or None when it is sane."""
+    for split, v in losses.items():
+        if not math.isfinite(v):
+            return f"non-finite {split} loss ({v}) in the evaluation"
+    if diverged(losses["val"], best_val):
+        return (f"the validation loss diverged: {losses['val']:.4g} is more than {factor:g}x "
+                f"the run's best {best_val:.4g} and worse than guessing")
+    for p in params:
+        xp = get_array_module(p.data)
+        if not bool(xp.isfinite(p.data).all()):
+            return "non-finite weights in the evaluation"
+    return None
+
+
+def _divergence_advice(c: TrainConfig, out: Path, saved_at: int | None) -> str:
+    """What to run next: the last sane checkpoint with half the learning rate (and a --min-lr
+    that stays below it, which validate() insists on)."""
+    lr = c.lr / 2
+    flags = f"--lr {lr:g}" + (f" --min-lr {lr / 10:g}" if c.min_lr > lr else "")
+    if saved_at is None:
+        return f"no checkpoint was written yet; start again with a lower learning rate ({flags})"
+    return (f"the last good checkpoint (iter {saved_at}) in {out} is intact; continue it with a "
+            f"lower learning rate: {_resume_command(c)} {flags}")
+
+
 def _command(*args: str) -> str:
     """How the user invoked us (gpt-train or python -m gpt.train), with args."""
     prog = "gpt-train" if Path(sys.argv[0]).name == "gpt-train" else "python -m gpt.train"
@@ -460,10 +580,23 @@ def _resume_command(c: TrainConfig) -> str:
 # ----------------------------------------------------------------------------- the run
 def train(argv: list[str] | None, stop: dict) -> int:
     """The training script; ``stop['signal']`` is set by the SIGINT/SIGTERM handler."""
-    err = sys.stderr
     c, ckpt, control = resolve_config(argv)
     validate(c)
     ddp = dist_train.setup(c, UsageError)  # this process's rank (one, without mpiexec)
+    if ckpt is not None:
+        rc.check_model_file(c.out_dir, ckpt)
+    check_fits(c, GPTConfig.from_dict(ckpt["model_config"]) if ckpt else _planned_config(c))
+    if not ddp.is_main:  # under mpiexec rank 0 holds the lock for the run's ranks
+        return _train(c, ckpt, control, stop, ddp)
+    with RunLock(c.out_dir) as lock:  # one writer per run directory, for the whole run
+        if lock.note:
+            print(f"gpt-train: {lock.note}", file=sys.stderr)
+        return _train(c, ckpt, control, stop, ddp)
+
+
+def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
+           ddp: dist_train.Run) -> int:
+    err = sys.stderr
     out = Path(c.out_dir)
     if ckpt is None and rc.has_checkpoint(out):
         if not control["overwrite"]:
@@ -507,6 +640,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
     if model_config.vocab_size < tok.vocab_size:
         raise UsageError(f"the tokenizer has {tok.vocab_size} tokens but the model only "
                          f"{model_config.vocab_size}")
+    check_fits(c, model_config)  # now with the real vocabulary
     T = model_config.block_size
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] < T + 1:
@@ -526,6 +660,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
         "train_eval": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed + 2),
     }
     start, best_val, val_loss, elapsed0, tokens_seen = 0, math.inf, None, 0.0, 0
+    best_loss, evaluated = math.inf, True  # the run's best step loss; eval done at `start`
     if ckpt is not None:
         ckpt, arrays, optim_state = rc.load(out)
         if optim_state is None:
@@ -542,6 +677,8 @@ def train(argv: list[str] | None, stop: dict) -> int:
             g["betas"], g["weight_decay"] = (c.beta1, c.beta2), wd  # these on resume
         start, val_loss = ckpt["iter"], ckpt.get("val_loss")
         best_val = ckpt.get("best_val_loss") or math.inf
+        best_loss = ckpt.get("best_train_loss") or math.inf
+        evaluated = ckpt.get("evaluated", True)
         elapsed0, tokens_seen = ckpt.get("elapsed_s", 0.0), ckpt.get("tokens_seen", 0)
     ddp.start(model, optimizer, ckpt, start)  # mpiexec: rank 0's weights, each rank's RNG
     out.mkdir(parents=True, exist_ok=True)
@@ -564,6 +701,7 @@ def train(argv: list[str] | None, stop: dict) -> int:
     def checkpoint(it: int, best: bool = False) -> None:
         state = {
             "iter": it, "val_loss": val_loss, "best_val_loss": _jsonable(best_val),
+            "best_train_loss": _jsonable(best_loss), "evaluated": evaluated_at == it,
             "elapsed_s": elapsed0 + (time.time() - t0), "tokens_seen": tokens_seen,
             "model_config": model_config.to_dict(), "train_config": dataclasses.asdict(c),
             "rng": tg.get_rng_state(),
@@ -582,24 +720,49 @@ def train(argv: list[str] | None, stop: dict) -> int:
     from tqdm import tqdm
 
     t0 = time.time()
-    saved_at = start if ckpt is not None else None
+    saved_at = start if ckpt is not None else None  # the newest checkpoint on disk
+    evaluated_at = start if ckpt is not None and evaluated else None  # the newest evaluation
+    eval_samplers = {"train": samplers["train_eval"], "val": samplers["val"]}
     params = list(model.parameters())
+    floor = math.log(model_config.vocab_size)  # the loss of uniform guessing
+
+    def diverged(loss: float, best: float) -> bool:
+        """Far above the run's best and worse than guessing (see --divergence-factor)."""
+        return c.divergence_factor > 0 and loss > max(c.divergence_factor * best, floor)
+
+    def stop_diverged(what: str, it: int) -> int:
+        bar.close()
+        print(f"gpt-train: error: {what} at iter {it}; stopped without saving: "
+              f"{_divergence_advice(c, out, saved_at)}", file=err)
+        return EXIT_ERROR
+
     bar = tqdm(total=c.max_iters, initial=start, desc="train", unit="it", file=err,
                dynamic_ncols=True, mininterval=0.5)
     it = start
+    stop["armed"] = True  # from here on a signal finishes the step and saves
     try:
         while True:
             if ddp.agree_stop(stop):
                 break
-            # evaluate and checkpoint (a resumed run did this before its checkpoint)
-            if (it % c.eval_interval == 0 or it == c.max_iters) and it != saved_at:
-                losses = estimate_loss(model, {"train": samplers["train_eval"],
-                                               "val": samplers["val"]}, c.eval_iters, c.device,
-                                       stop, ddp)
+            # evaluate and checkpoint (unless this checkpoint's evaluation was done already)
+            if (it % c.eval_interval == 0 or it == c.max_iters) and it != evaluated_at:
+                before = {k: s_.state_dict() for k, s_ in eval_samplers.items()}
+                losses = estimate_loss(model, eval_samplers, c.eval_iters, c.device, stop, ddp)
+                off_grid = it % c.eval_interval != 0
+                if losses is None or off_grid:
+                    # interrupted: rewind, so the resumed run repeats this evaluation exactly;
+                    # off the grid (the last iteration): rewind, so a run continued from here
+                    # draws the evaluation batches an uninterrupted run would
+                    for k, s_ in eval_samplers.items():
+                        s_.load_state_dict(before[k])
                 if losses is None:
                     break
                 val_loss = losses["val"]
                 metrics.log(iter=it, train_loss=losses["train"], val_loss=val_loss)
+                bad = _bad_evaluation(losses, best_val, params, diverged, c.divergence_factor)
+                if bad:
+                    return stop_diverged(bad, it)
+                evaluated_at = it
                 note = ""
                 if it > 0:
                     is_best = val_loss < best_val
@@ -647,16 +810,14 @@ def train(argv: list[str] | None, stop: dict) -> int:
                 value = loss_val if not math.isfinite(loss_val) else grad_norm
                 metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
                             error=f"non-finite {what}")
-                bar.close()
-                if saved_at is None:
-                    advice = "no checkpoint was written yet; start again with a lower --lr"
-                else:
-                    advice = (f"the last good checkpoint (iter {saved_at}) in {out} is intact; "
-                              f"continue it with a lower learning rate: "
-                              f"{_resume_command(c)} --lr {c.lr / 2:g}")
-                print(f"gpt-train: error: non-finite {what} ({value}) at iter {it}; stopped "
-                      f"without saving: {advice}", file=err)
-                return EXIT_ERROR
+                return stop_diverged(f"non-finite {what} ({value})", it)
+            if diverged(loss_val, best_loss):
+                metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
+                            error="diverged")
+                return stop_diverged(f"the loss diverged: {loss_val:.4g} is more than "
+                                     f"{c.divergence_factor:g}x the run's best step loss "
+                                     f"{best_loss:.4g} and worse than guessing", it)
+            best_loss = min(best_loss, loss_val)
             before = diag.snapshot(model) if want_diag else None
             optimizer.step()
             optimizer.zero_grad()
@@ -677,11 +838,12 @@ def train(argv: list[str] | None, stop: dict) -> int:
 
     if ddp.agree_stop(stop):
         name = signal.Signals(stop["signal"]).name
-        if saved_at != it:
+        if saved_at != it or evaluated_at != it:
             checkpoint(it)
         print(f"{name}: stopped at iter {it}; checkpoint saved in {out}. Resume with:\n"
               f"  {_resume_command(c)}", file=err)
         return EXIT_SIGINT if stop["signal"] == signal.SIGINT else EXIT_SIGTERM
+    stop["armed"] = False
 
     # -- the end: final loss and a sample ------------------------------------------------------
     if val_loss is None:
@@ -707,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     stop: dict = {}
 
     def on_signal(signum, frame):
+        if not stop.get("armed"):  # before the loop (reading data, loading): stop right away
+            raise Interrupted(signum)
         if stop.get("signal"):  # a second one: give up at once (the last checkpoint stands)
             raise KeyboardInterrupt
         stop["signal"] = signum
@@ -727,8 +891,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"gpt-train: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (DataError, CheckpointError) as e:
+    except (DataError, CheckpointError, LockError) as e:
         print(f"gpt-train: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except Interrupted as e:
+        name = signal.Signals(e.signum).name
+        print(f"gpt-train: {name} received outside the training loop; stopped (the checkpoints "
+              "already saved stand)", file=sys.stderr)
+        return EXIT_SIGINT if e.signum == signal.SIGINT else EXIT_SIGTERM
+    except MemoryError:
+        print("gpt-train: error: out of memory (the estimate before the run was too low); "
+              "use a smaller model, --batch-size or --block-size", file=sys.stderr)
         return EXIT_ERROR
     except OSError as e:
         print(f"gpt-train: error: {e}", file=sys.stderr)
