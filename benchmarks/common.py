@@ -41,6 +41,13 @@ def set_threads(n: int, torch_too: bool) -> None:
 
     global _limits
     _limits = threadpool_limits(limits=n)  # kept alive so that the limit holds
+    if not torch_too:  # tensorgrad's numba kernels (and attention's head threads) use numba's
+        try:
+            import numba
+
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        except ImportError:
+            pass
     if torch_too:
         import torch
 
@@ -189,6 +196,11 @@ def worker_info(torch_too: bool) -> dict:
             info["tg_threads"] = parallel.num_threads()
         except ImportError:
             info["tg_threads"] = None
+    if "numba" in sys.modules:
+        import numba
+
+        info["numba"] = {"version": numba.__version__, "threads": numba.get_num_threads(),
+                         "threading_layer": numba.config.THREADING_LAYER}
     if torch_too:
         import torch
 

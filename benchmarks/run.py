@@ -173,6 +173,10 @@ def report(R: dict) -> str:
         f"tensorgrad's elementwise pool: TG_NUM_THREADS={m.get('tg_threads') or 'default (1)'}). "
         f"float32 everywhere. Figures: median of {m['plan']['reps']} repetitions after warm-up."
     )
+    if m.get("machine"):
+        from .machine import summary
+
+        out.append("\n" + summary(m["machine"]))
     wb = get(R, "workers", TG, "blas") or []
     kern = ", ".join(f"{b['internal_api']} {b['version']} kernel {b['architecture']}"
                      for b in wb if b.get("internal_api") == "openblas")
@@ -195,7 +199,11 @@ def report(R: dict) -> str:
     out.append(
         f"\nfloat32 GEMM peak (best repetition of n×n @ n×n, n in {m['plan']['gemm_sizes']}): "
         f"NumPy **{fmt(peak)} "
-        f"GFLOP/s**, torch {fmt(tpeak)} GFLOP/s. MFU = model FLOPs per step / step time / "
+        f"GFLOP/s**, torch {fmt(tpeak)} GFLOP/s"
+        + (f" ({fmt(100 * peak / est)}% and {fmt(tpeak and 100 * tpeak / est)}% of the "
+           "estimated peak)" if (est := get(m, "machine", "fp32_peak_gflops_estimate"))
+           and peak else "")
+        + ". MFU = model FLOPs per step / step time / "
         f"NumPy peak, with model FLOPs = ({FLOPS_FORMULA})·B·T (gpt.model.GPT."
         "estimate_flops_per_token)."
     )
@@ -451,7 +459,9 @@ def machine_meta(args) -> dict:
 
         torch_version = torch.__version__
     parent_blas = blas_info()
-    return dict(
+    from .machine import describe
+
+    return dict(machine=describe(),
         date=dt.datetime.now().isoformat(timespec="seconds"), cpu=cpu_model(),
         logical_cores=os.cpu_count(), physical_cores=physical, mem_gib=mem / 2**30,
         threads=args.threads, tg_threads=args.tg_threads, python=platform.python_version(), platform=platform.platform(),

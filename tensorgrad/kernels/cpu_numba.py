@@ -1,0 +1,505 @@
+"""Compiled CPU kernels (numba): one pass per row for softmax, log-softmax, cross-entropy,
+LayerNorm and GELU, one pass for AdamW, and flash-style attention (``cpu_numba_attention``).
+
+Optional: importing this module raises ImportError without numba (``pip install
+tensorgrad-gpt[fast]``), and registers nothing. Each kernel is a ``Function`` with its own
+forward, backward and saved state, registered for 'cpu' with a predicate that accepts only
+what it handles (NumPy arrays, C-contiguous, float32 where it uses :func:`exp32`, the last
+axis); everything else runs the reference. ``tests/test_kernels_cpu.py`` checks each one
+against its reference.
+
+Rows run in parallel (``prange`` on numba's pool: NUMBA_NUM_THREADS, every core by default;
+one thread below PARALLEL_MIN elements, where waking the pool costs more). Fast-math
+is limited to ``reassoc``, ``contract`` and ``nsz`` (sums may be reordered, multiply-adds
+fused; inf and NaN still propagate as in the reference), and loops that call ``exp32`` use
+``contract`` only (see numba_math). Such loops store e^x and sum it in a second, reassociable
+pass over the row, which is still in L1/L2. Compiled code is cached on disk (``cache=True``,
+in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment compiles
+every kernel it meets (about 25-40 s for all of them on a 2-core machine), later processes
+load them (under a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ..autograd import Function
+from . import register
+from .numba_math import exp32
+
+F32 = np.float32
+FM = {"reassoc", "contract", "nsz"}  # reorderable sums, FMA; no nnan/ninf: inf/NaN propagate
+EXP_FM = {"contract"}  # exp32's range reduction must not be reassociated
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_C = 0.044715
+
+
+def _arr(a):
+    """The NumPy array behind a raw array or a Tensor (None for anything else)."""
+    if isinstance(a, np.ndarray):
+        return a
+    d = getattr(a, "data", None)
+    return d if isinstance(d, np.ndarray) else None
+
+
+def _f32(*arrays) -> bool:
+    """Every array is a C-contiguous, non-empty float32 NumPy array."""
+    for a in arrays:
+        a = _arr(a)
+        if a is None or a.dtype != np.float32 or not a.flags.c_contiguous or a.size == 0:
+            return False
+    return True
+
+
+def _last_dim(x, dim) -> bool:
+    x = _arr(x)
+    return x is not None and x.ndim >= 1 and dim in (-1, x.ndim - 1)
+
+
+def _rows(a):
+    return a.reshape(-1, a.shape[-1])
+
+
+PARALLEL_MIN = 1 << 16  # elements below which one thread runs a kernel (waking the pool costs
+# more; on a busy machine a descheduled pool thread can cost a whole time slice)
+
+
+@contextlib.contextmanager
+def threads_for(size: int):
+    """``with threads_for(n):`` numba's own thread count for n elements of work, else one."""
+    prev = numba.get_num_threads()
+    if size >= PARALLEL_MIN or prev == 1:
+        yield
+        return
+    numba.set_num_threads(1)  # thread-local: other Python threads keep theirs
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
+def _run(kernel, size: int, *args) -> None:
+    with threads_for(size):
+        kernel(*args)
+
+
+def _contig(a):
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+# ----------------------------------------------------------------------------- row reductions
+# Separate functions (not inline="always") so that their reassoc flags stay theirs: LLVM
+# inlines them into the exp32 loops' callers without loosening those loops' flags.
+
+
+@njit(fastmath=FM, cache=True)
+def _rsum(a):
+    s = a.dtype.type(0)
+    for j in range(a.size):
+        s += a[j]
+    return s
+
+
+@njit(fastmath=FM, cache=True)
+def _rdot(a, b):
+    s = a.dtype.type(0)
+    for j in range(a.size):
+        s += a[j] * b[j]
+    return s
+
+
+@njit(fastmath={"nnan", "reassoc", "nsz"}, cache=True)
+def _rmax(a):
+    # nnan only here: a NaN that this max skips still makes the row's sum (and output) NaN
+    m = a.dtype.type(-np.inf)
+    for j in range(a.size):
+        m = max(m, a[j])
+    return m
+
+
+# ----------------------------------------------------------------------------- softmax family
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _softmax_fwd(x, y):
+    for i in prange(x.shape[0]):
+        xi, yi = x[i], y[i]
+        m = _rmax(xi)
+        for j in range(xi.size):
+            yi[j] = exp32(xi[j] - m)
+        r = F32(1) / _rsum(yi)
+        for j in range(xi.size):
+            yi[j] *= r
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def _softmax_bwd(g, y, gx):
+    for i in prange(g.shape[0]):
+        gi, yi, o = g[i], y[i], gx[i]
+        d = _rdot(gi, yi)
+        for j in range(gi.size):
+            o[j] = yi[j] * (gi[j] - d)
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _log_softmax_fwd(x, y):
+    for i in prange(x.shape[0]):
+        xi, yi = x[i], y[i]
+        m = _rmax(xi)
+        for j in range(xi.size):
+            yi[j] = exp32(xi[j] - m)
+        ls = F32(math.log(_rsum(yi)))
+        for j in range(xi.size):
+            yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _log_softmax_bwd(g, y, gx):
+    for i in prange(g.shape[0]):
+        gi, yi, o = g[i], y[i], gx[i]
+        sg = _rsum(gi)
+        for j in range(gi.size):
+            o[j] = gi[j] - exp32(yi[j]) * sg
+
+
+def _softmax_when(x, dim=-1):
+    return _f32(x) and _last_dim(x, dim)
+
+
+@register("softmax", "cpu", name="cpu.numba.softmax", when=_softmax_when)
+class NumbaSoftmax(Function):
+    """softmax over the last axis of float32 x: max, e^(x-max) and 1/sum in one row pass."""
+
+    def forward(self, x, dim=-1):
+        y = np.empty_like(x)
+        _run(_softmax_fwd, x.size, _rows(x), _rows(y))
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        (y,) = self.saved
+        gx = np.empty_like(y)
+        _run(_softmax_bwd, y.size, _rows(_contig(g)), _rows(y), _rows(gx))
+        return gx
+
+
+@register("log_softmax", "cpu", name="cpu.numba.log_softmax", when=_softmax_when)
+class NumbaLogSoftmax(Function):
+    """log_softmax over the last axis of float32 x; backward g - e^y·sum(g) per row."""
+
+    def forward(self, x, dim=-1):
+        y = np.empty_like(x)
+        _run(_log_softmax_fwd, x.size, _rows(x), _rows(y))
+        self.save(y)
+        return y
+
+    def backward(self, g):
+        (y,) = self.saved
+        gx = np.empty_like(y)
+        _run(_log_softmax_bwd, y.size, _rows(_contig(g)), _rows(y), _rows(gx))
+        return gx
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _ce_fwd(x, t, loss, lse, block):
+    """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0), lse = m + log Σe^(x-m)."""
+    n, c = x.shape
+    for b in prange((n + block - 1) // block):
+        e = np.empty(c, dtype=x.dtype)  # this block's scratch row for e^(x-m)
+        for i in range(b * block, min(n, (b + 1) * block)):
+            xi = x[i]
+            m = _rmax(xi)
+            for j in range(c):
+                e[j] = exp32(xi[j] - m)
+            ls = math.log(np.float64(_rsum(e)))
+            lse[i] = m + ls  # float64: x - lse stays exact in backward for ±1e4 logits
+            loss[i] = F32(ls - (xi[t[i]] - m)) if t[i] >= 0 else F32(0)
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _ce_bwd(x, t, lse, coef, gx):
+    """gx = coef·(softmax(x) - onehot(t)) per row; rows with coef 0 are zeros."""
+    n, c = x.shape
+    for i in prange(n):
+        k = coef[i]
+        # written through gx[i, j], not a row view o = gx[i]: with the view, numba 0.68.1
+        # (parallel=True) silently dropped `o[:] = 0` and `o[t[i]] -= k` (reproduced, cause
+        # not pinned down); tests/test_kernels_cpu.py covers both stores
+        if k == 0:
+            for j in range(c):
+                gx[i, j] = 0
+        else:
+            li = lse[i]
+            for j in range(c):
+                gx[i, j] = k * exp32(F32(x[i, j] - li))
+            gx[i, t[i]] -= k
+
+
+@register("cross_entropy", "cpu", name="cpu.numba.cross_entropy",
+          when=lambda x, target, ignore_index=-100, reduction="mean": _f32(x)
+          and _arr(x).ndim == 2 and _arr(target) is not None and _arr(target).ndim == 1)
+class NumbaCrossEntropy(Function):
+    """Cross-entropy of (N, C) float32 logits, one pass per row each way.
+
+    Saves the logits (an input), the logsumexp per row (float64) and the targets as int32
+    with -1 for ignored rows, instead of the (N, C) probabilities.
+    """
+
+    def forward(self, x, target, ignore_index=-100, reduction="mean"):
+        n, c = x.shape
+        valid = target != ignore_index
+        t = np.where(valid, target, 0)
+        if t.size and (int(t.min()) < 0 or int(t.max()) >= c):
+            bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+            raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
+        t32 = np.where(valid, t, -1).astype(np.int32)  # classes < 2^31; -1: ignored
+        loss, lse = np.empty(n, x.dtype), np.empty(n, np.float64)
+        _run(_ce_fwd, x.size, x, t32, loss, lse, 8)
+        self.reduction = reduction
+        self.save(x, t32, lse)
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return loss.sum()
+        with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: NaN, as PyTorch
+            return loss.sum() / x.dtype.type(np.count_nonzero(valid))
+
+    def backward(self, g):
+        x, t32, lse = self.saved
+        valid = t32 >= 0
+        coef = valid.astype(x.dtype)
+        if self.reduction == "mean":
+            coef *= g / x.dtype.type(np.count_nonzero(valid))
+        else:
+            coef *= g
+        gx = np.empty_like(x)
+        _run(_ce_bwd, x.size, x, np.maximum(t32, 0), lse, coef, gx)
+        return gx, None
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def _ln_fwd(x, w, b, eps, y, rstd):
+    n, c = x.shape
+    for i in prange(n):
+        xi, yi = x[i], y[i]
+        mean = _rsum(xi) / c
+        var = x.dtype.type(0)
+        for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
+            d = xi[j] - mean
+            var += d * d
+        r = 1 / np.sqrt(var / c + eps)
+        rstd[i] = r
+        for j in range(c):
+            yi[j] = (xi[j] - mean) * r * w[j] + b[j]
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
+    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
+    n, c = x.shape
+    parts = gw_part.shape[0]
+    for p in prange(parts):
+        gwp, gbp = gw_part[p], gb_part[p]
+        for i in range(p * n // parts, (p + 1) * n // parts):
+            xi, gi, o, r = x[i], g[i], gx[i], rstd[i]
+            mean = _rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
+            s1 = x.dtype.type(0)  # Σ ĝ
+            s2 = x.dtype.type(0)  # Σ ĝ·(x - mean)
+            for j in range(c):
+                gh = gi[j] * w[j]
+                s1 += gh
+                s2 += gh * (xi[j] - mean)
+            a = s1 / c
+            k = s2 * r / c  # mean(ĝ·x̂)
+            for j in range(c):
+                xh = (xi[j] - mean) * r
+                o[j] = (gi[j] * w[j] - a - xh * k) * r
+                gwp[j] += gi[j] * xh
+                gbp[j] += gi[j]
+
+
+def _ln_when(x, w, b, nd=1, eps=1e-5):
+    xa = _arr(x)
+    if xa is None or xa.dtype not in (np.float32, np.float64) or not xa.flags.c_contiguous \
+            or xa.size == 0 or not 1 <= nd <= xa.ndim:
+        return False
+    for p in (w, b):
+        pa = _arr(p)
+        if p is not None and (pa is None or pa.dtype != xa.dtype
+                              or pa.shape != xa.shape[xa.ndim - nd:]):
+            return False
+    return True
+
+
+@register("layer_norm", "cpu", name="cpu.numba.layer_norm", when=_ln_when)
+class NumbaLayerNorm(Function):
+    """LayerNorm over the trailing nd dims (float32 or float64), one pass per row each way.
+
+    Saves x (an input), 1/std per row and w: backward recomputes the row mean from x
+    (one more read of a row already in cache) instead of keeping x̂.
+    """
+
+    def forward(self, x, w, b, nd=1, eps=1e-5):
+        C = math.prod(x.shape[x.ndim - nd:])
+        x2 = x.reshape(-1, C)
+        w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
+        b1 = np.zeros(C, x.dtype) if b is None else np.ascontiguousarray(b).reshape(C)
+        y = np.empty_like(x2)
+        rstd = np.empty(x2.shape[0], x.dtype)
+        _run(_ln_fwd, x.size, x2, w1, b1, x.dtype.type(eps), y, rstd)
+        self.has_w, self.has_b, self.nd = w is not None, b is not None, nd
+        self.save(x, rstd, w)
+        return y.reshape(x.shape)
+
+    def backward(self, g):
+        x, rstd, w = self.saved
+        C = math.prod(x.shape[x.ndim - self.nd:])
+        x2 = x.reshape(-1, C)
+        n = x2.shape[0]
+        w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
+        parts = min(n, 16)  # fixed, not per thread: the same sums on any machine
+        gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
+        gx = np.empty_like(x2)
+        _run(_ln_bwd, x.size, _contig(g).reshape(n, C), x2, w1, rstd, gx, gw_part, gb_part)
+        wshape = x.shape[x.ndim - self.nd:]
+        gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
+        gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
+        return gx.reshape(x.shape), gw, gb
+
+
+# ----------------------------------------------------------------------------- GELU
+
+_K = F32(_SQRT_2_OVER_PI)
+_K3 = F32(3 * _GELU_C)
+_GC = F32(_GELU_C)
+_BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _gelu_tanh_fwd(x, y):
+    # 0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)): no cancellation at large negative x
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            xi = x[i]
+            u = _K * (xi + _GC * xi * xi * xi)
+            y[i] = xi / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _gelu_tanh_bwd(x, g, gx):
+    # d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            xi = x[i]
+            x2 = xi * xi
+            e = exp32(min(F32(-2) * _K * (xi + _GC * x2 * xi), F32(80)))
+            s = F32(1) / (F32(1) + e)
+            es = e * s * s  # first: e alone may be 5e34, times x it would overflow
+            gx[i] = g[i] * (s + xi * F32(2) * es * _K * (F32(1) + _K3 * x2))
+
+
+_R2 = F32(1 / math.sqrt(2.0))
+_R2PI = F32(1 / math.sqrt(2 * math.pi))
+# erfc(z) = t·exp(-z² + poly(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit
+_ERFC = tuple(F32(c) for c in (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                               0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277))
+
+
+@njit(inline="always", fastmath=EXP_FM, cache=True)
+def _phi(x):
+    """Φ(x) = erfc(-x/√2)/2 to about 1e-7 relative error (exact in the lower tail)."""
+    z = abs(x) * _R2
+    t = F32(1) / (F32(1) + F32(0.5) * z)
+    p = _ERFC[9]
+    for k in range(8, -1, -1):
+        p = p * t + _ERFC[k]
+    h = F32(0.5) * t * exp32(p - z * z)  # erfc(z)/2
+    return F32(1) - h if x >= 0 else h
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _gelu_erf_fwd(x, y):
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            y[i] = x[i] * _phi(x[i])
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def _gelu_erf_bwd(x, g, gx):
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            xi = x[i]
+            gx[i] = g[i] * (_phi(xi) + xi * _R2PI * exp32(F32(-0.5) * xi * xi))
+
+
+@register("gelu", "cpu", name="cpu.numba.gelu",
+          when=lambda x, approximate="tanh": _f32(x) and approximate in ("tanh", "none"))
+class NumbaGelu(Function):
+    """GELU of float32 x ('tanh' as x·σ(2u), or 'none'), one pass each way; saves only x."""
+
+    def forward(self, x, approximate="tanh"):
+        self.approximate = approximate
+        y = np.empty_like(x)
+        kernel = _gelu_tanh_fwd if approximate == "tanh" else _gelu_erf_fwd
+        _run(kernel, x.size, x.reshape(-1), y.reshape(-1))
+        self.save(x)
+        return y
+
+    def backward(self, g):
+        (x,) = self.saved
+        gx = np.empty_like(x)
+        kernel = _gelu_tanh_bwd if self.approximate == "tanh" else _gelu_erf_bwd
+        _run(kernel, x.size, x.reshape(-1), _contig(g).reshape(-1), gx.reshape(-1))
+        return gx
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def _adamw(x, g, m, v, decay, b1, c1, b2, c2, bc2, eps, step_size):
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            gi = g[i]
+            mi = m[i] * b1 + c1 * gi
+            vi = v[i] * b2 + c2 * (gi * gi)
+            m[i] = mi
+            v[i] = vi
+            x[i] = x[i] * decay - (mi / (np.sqrt(vi) / bc2 + eps)) * step_size
+
+
+def _adamw_when(x, g, m, v, **kw):
+    arrays = [_arr(a) for a in (x, g, m, v)]
+    if any(a is None for a in arrays):
+        return False
+    return (arrays[0].dtype in (np.float32, np.float64)
+            and all(a.dtype == arrays[0].dtype and a.shape == arrays[0].shape
+                    and a.flags.c_contiguous for a in arrays))
+
+
+@register("adamw", "cpu", name="cpu.numba.adamw", when=_adamw_when)
+def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
+    """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
+    t = x.dtype.type
+    _run(_adamw, x.size, x.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+         t(1 - lr * wd if wd else 1), t(b1), t(1 - b1), t(b2), t(1 - b2),
+         t(math.sqrt(1 - b2**step)), t(eps), t(lr / (1 - b1**step)))
+
+
+from . import cpu_numba_attention  # noqa: F401  (registers the attention kernel)

@@ -1,0 +1,404 @@
+"""The numba CPU kernels (tensorgrad.kernels.cpu_numba) against their reference ops.
+
+Each case runs a kernel's forward and backward on float32 arrays and the reference
+Function (under ``reference_only()``) on float64 copies of the same arrays, with the same
+upstream gradient, and compares the two: forward and every gradient within
+``atol·max(1, max|ref|) + rtol·|ref|`` (stated per op; NaN must match NaN). Kernels that
+also take float64 (LayerNorm, AdamW) are held to 1e-12 there. Every case also checks that
+the kernel keeps no more memory for backward than the reference run on the same float32
+arrays (the bytes of the distinct arrays a Function holds after forward). Skipped without
+numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+pytest.importorskip("numba")
+
+from helpers import assert_close
+
+from tensorgrad import kernels
+from tensorgrad.kernels import cpu_numba as K
+from tensorgrad.kernels import cpu_numba_attention as KA
+from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array
+from tensorgrad.optim import adamw_update
+
+try:  # the references move to tensorgrad.ops.nn in core v2
+    from tensorgrad.ops import nn as R
+    R.Softmax  # noqa: B018
+except (ImportError, AttributeError):
+    from tensorgrad import functional as R
+
+TOL = {  # (atol, rtol) of float32 kernels against the float64 reference
+    "softmax": (2e-6, 1e-5), "log_softmax": (4e-6, 1e-5), "cross_entropy": (4e-6, 1e-5),
+    "layer_norm": (4e-6, 1e-5), "gelu": (2e-6, 1e-5), "attention": (4e-6, 1e-5),
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def kept_bytes(fn) -> int:
+    """Bytes of the distinct arrays (views count as their base) a Function holds."""
+    seen, total = set(), 0
+
+    def walk(v):
+        nonlocal total
+        if isinstance(v, np.ndarray):
+            base = v
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+        elif isinstance(v, (tuple, list)):
+            for u in v:
+                walk(u)
+
+    for v in vars(fn).values():
+        walk(v)
+    return total
+
+
+def run(cls, arrays, kw, g=None, seed=1):
+    """(Function, forward output, gradients tuple, upstream gradient) of one fwd + bwd."""
+    fn = cls()
+    # copies (a kernel must not write its inputs), but strided views stay views
+    y = fn.forward(*[a.copy() if isinstance(a, np.ndarray) and a.flags.c_contiguous else a
+                     for a in arrays], **kw)
+    if g is None:
+        g = np.random.default_rng(seed).standard_normal(np.shape(y))
+    grads = fn.backward(np.asarray(g, dtype=y.dtype))
+    return fn, y, grads if isinstance(grads, tuple) else (grads,), g
+
+
+def check(op, ref, ker, arrays, kw=None, tol=None, slack=0):
+    """Kernel (float32 inputs as given) against the reference on float64 copies, and the
+    kernel's kept memory against the reference's on the same float32 inputs (+ slack)."""
+    kw = kw or {}
+    atol, rtol = tol or TOL[op]
+    shapes = ", ".join(str(np.shape(a)) for a in arrays if a is not None)
+    kfn, y, grads, g = run(ker, arrays, kw)
+    wide = [a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+            for a in arrays]
+    with kernels.reference_only():
+        _, ry, rgrads, _ = run(ref, wide, kw, g)
+        rfn32 = run(ref, arrays, kw, g)[0]
+    assert y.dtype == arrays[0].dtype, f"{op} on ({shapes}): dtype {y.dtype}"
+    scale = max(1.0, float(np.max(np.abs(ry), where=~np.isnan(ry), initial=0)))
+    assert_close(y, ry, atol * scale, rtol, what=f"{op} forward on ({shapes}) {kw}")
+    # (today's functional.CrossEntropy returns gx alone; core v2 returns (gx, None))
+    rgrads = rgrads + (None,) * (len(grads) - len(rgrads))
+    assert len(grads) == len(rgrads), f"{op}: {len(grads)} gradients, expected {len(rgrads)}"
+    for i, (a, b) in enumerate(zip(grads, rgrads)):
+        if b is None:
+            assert a is None, f"{op}: gradient {i} should be None"
+            continue
+        scale = max(1.0, float(np.max(np.abs(b), where=~np.isnan(b), initial=0)))
+        assert_close(a, b, atol * scale, rtol, what=f"{op} gradient {i} on ({shapes}) {kw}")
+    kb, rb = kept_bytes(kfn), kept_bytes(rfn32)
+    assert kb <= rb + slack, f"{op} on ({shapes}): kernel keeps {kb} bytes, reference {rb}"
+    return y
+
+
+def f32(shape, lo=-3.0, hi=3.0):
+    return hnp.arrays(np.float32, shape, elements=st.floats(lo, hi, width=32))
+
+
+rows_cols = st.tuples(st.integers(1, 6), st.integers(1, 70))
+
+
+# ----------------------------------------------------------------------------- exp32
+
+
+def test_exp32_ulp_bound():
+    g = np.random.default_rng(0)
+    x = np.concatenate([g.uniform(-87.3, 88.7, 2_000_000), g.uniform(-1, 1, 500_000),
+                        [0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33]]).astype(np.float32)
+    got = np.empty_like(x)
+    exp32_array(x, got)
+    want = np.exp(x.astype(np.float64))
+    ulp = np.abs(got - want) / np.spacing(want.astype(np.float32)).astype(np.float64)
+    k = int(np.argmax(ulp))
+    assert ulp[k] <= EXP_ULP, f"exp32({x[k]!r}) = {got[k]!r}, exact {want[k]!r}: {ulp[k]} ulp"
+
+
+def test_exp32_special_values():
+    x = np.array([np.inf, -np.inf, np.nan, 89.0, 1e4, -1e4, EXP_LO - 1, -88.0], np.float32)
+    got = np.empty_like(x)
+    exp32_array(x, got)
+    assert got[0] == np.inf and got[1] == 0 and np.isnan(got[2]) and got[3] == np.inf
+    assert got[4] == np.inf and got[5] == 0 and got[6] == 0
+    assert got[7] < 1.2e-38  # flushed (NumPy: a subnormal)
+
+
+# ----------------------------------------------------------------------------- softmax family
+
+
+@given(rows_cols.flatmap(lambda s: f32(s)))
+def test_softmax(x):
+    check("softmax", R.Softmax, K.NumbaSoftmax, [x])
+    check("log_softmax", R.LogSoftmax, K.NumbaLogSoftmax, [x])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 5), (3, 1), (2, 3, 4, 33)])
+def test_softmax_shapes(shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    check("softmax", R.Softmax, K.NumbaSoftmax, [x])
+    check("log_softmax", R.LogSoftmax, K.NumbaLogSoftmax, [x])
+
+
+def test_softmax_large_logits():
+    x = np.array([[1e4, -1e4, 0, 1e4 - 1], [-1e4, -1e4 + 3, -1e4, -1e4]], np.float32)
+    check("softmax", R.Softmax, K.NumbaSoftmax, [x])
+    check("log_softmax", R.LogSoftmax, K.NumbaLogSoftmax, [x])
+
+
+def test_softmax_nan_and_all_minus_inf_rows_are_nan():
+    x = np.array([[-np.inf, -np.inf, 0], [0, np.nan, 1], [0, 1, 2]], np.float32)
+    for cls in (K.NumbaSoftmax, K.NumbaLogSoftmax):
+        y = cls().forward(x[1:] if cls is K.NumbaLogSoftmax else x)
+        assert np.isnan(y[-2]).all() and np.isfinite(y[-1]).all(), cls.__name__
+    assert np.isnan(K.NumbaSoftmax().forward(x[:1, :2])).all()  # as the reference: 0/0
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+
+@given(rows_cols.flatmap(lambda s: st.tuples(
+    f32(s, -8, 8), hnp.arrays(np.int64, s[0], elements=st.integers(-1, s[1] - 1)),
+    st.sampled_from(["mean", "sum", "none"]))))
+def test_cross_entropy(args):
+    x, t, reduction = args
+    t = np.where(t < 0, -100, t)  # some rows ignored
+    # the kernel keeps one float64 logsumexp per row and int32 targets (-1: ignored); the
+    # reference (core v2) keeps int64 targets and a bool mask: at most 8 bytes per row more
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [x, t],
+          {"reduction": reduction}, slack=8 * x.shape[0])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_edges(reduction):
+    kw = {"reduction": reduction}
+    one = np.array([[0.5]], np.float32)
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [one, np.array([0])], kw,
+          slack=8)
+    big = np.array([[1e4, -1e4, 0, 1e4 - 2], [-1e4, 3, -1e4, 0]], np.float32)
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [big, np.array([3, 0])], kw,
+          slack=16)
+    x = np.random.default_rng(0).standard_normal((4, 7)).astype(np.float32)
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy,
+          [x, np.array([-100, -100, -100, -100])], kw, slack=32)  # all ignored: NaN mean
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy,
+          [x, np.array([1, 5, 5, 6])], dict(kw, ignore_index=5), slack=32)
+
+
+@pytest.mark.parametrize("bad", [7, -1, 100])
+def test_cross_entropy_out_of_range(bad):
+    x = np.zeros((2, 7), np.float32)
+    with pytest.raises(IndexError, match="out of range"):
+        K.NumbaCrossEntropy().forward(x, np.array([0, bad]))
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+
+@given(st.tuples(st.integers(1, 5), st.integers(1, 70), st.booleans(), st.booleans(),
+                 st.sampled_from([np.float32, np.float64])).flatmap(
+    lambda a: st.tuples(f32((a[0], a[1])), f32((a[1],)), st.just(a))))
+def test_layer_norm(args):
+    x, w, (_, c, has_w, has_b, dtype) = args
+    x = x + np.float32(2) * np.arange(c, dtype=np.float32)  # well-conditioned variance
+    w = w if has_w else None
+    b = (w + 1 if has_w else np.ones(c, np.float32)) if has_b else None
+    if dtype == np.float64:
+        arrays = [a if a is None else a.astype(np.float64) for a in (x, w, b)]
+        check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, arrays, tol=(1e-12, 1e-12))
+    else:
+        check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, [x, w, b])
+
+
+@pytest.mark.parametrize("shape,nd", [((1, 1), 1), ((1, 768), 1), ((2, 3, 5), 2),
+                                      ((3, 40), 1), ((37, 50), 1)])
+def test_layer_norm_shapes(shape, nd):
+    g = np.random.default_rng(0)
+    x = g.standard_normal(shape).astype(np.float32)
+    w = g.standard_normal(shape[len(shape) - nd:]).astype(np.float32)
+    check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, [x, w, w * 0.5], {"nd": nd})
+
+
+# ----------------------------------------------------------------------------- GELU
+
+
+@given(st.tuples(st.integers(1, 3), st.integers(1, 40)).flatmap(lambda s: f32(s, -12, 12)),
+       st.sampled_from(["tanh", "none"]))
+def test_gelu(x, approximate):
+    check("gelu", R.Gelu, K.NumbaGelu, [x], {"approximate": approximate})
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_extremes(approximate):
+    x = np.array([[0, -0.0, 1e-8, -1e-8, 30, -30, 1e4, -1e4, 5, -5]], np.float32)
+    check("gelu", R.Gelu, K.NumbaGelu, [x], {"approximate": approximate})
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@given(st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 40), st.integers(1, 40),
+                 st.integers(1, 16), st.integers(1, 9), st.booleans(),
+                 st.sampled_from([None, 0.3])))
+def test_attention(dims):
+    B, H, L, S, E, Ev, causal, scale = dims
+    g = np.random.default_rng(L * 100 + S)
+    q = g.standard_normal((B, H, L, E)).astype(np.float32)
+    k = g.standard_normal((B, H, S, E)).astype(np.float32)
+    v = g.standard_normal((B, H, S, Ev)).astype(np.float32)
+    assume(KA._attn_when(q, k, v, None))  # S > Ev: else the reference keeps less
+    check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
+          {"is_causal": causal, "scale": scale})
+
+
+@pytest.mark.parametrize("L,S", [(1, 5), (5, 9), (9, 5), (70, 70), (3, 200)])
+def test_attention_causal_shapes(L, S, monkeypatch):
+    monkeypatch.setattr(KA, "STRIP_BYTES", 16 * 4 * S * 2)  # several strips even when small
+    g = np.random.default_rng(0)
+    q, k = g.standard_normal((2, L, 8)), g.standard_normal((2, S, 8))
+    v = g.standard_normal((2, S, 4))
+    y = check("attention", R.Attention, KA.NumbaFlashAttention,
+              [a.astype(np.float32) for a in (q, k, v)] + [None], {"is_causal": True})
+    if L > S:  # the first L - S queries see no key: zeros, as the reference
+        assert not y[:, : L - S].any()
+
+
+@pytest.mark.parametrize("mode", ["heads", "rows"])
+def test_attention_thread_modes(mode, monkeypatch):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs NUMBA_NUM_THREADS >= 2")
+    monkeypatch.setattr(KA, "THREADS_OVER", mode)
+    monkeypatch.setattr(KA, "PARALLEL_MIN", 0)  # threads even for this small case
+    monkeypatch.setattr(K, "PARALLEL_MIN", 0)
+    monkeypatch.setattr(KA, "STRIP_BYTES", 16 * 4 * 40 * 3)  # several strips
+    prev = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        g = np.random.default_rng(0)
+        q, k, v = (g.standard_normal((3, 40, 8)).astype(np.float32) for _ in range(3))
+        check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
+              {"is_causal": True})
+    finally:
+        numba.set_num_threads(prev)
+
+
+def test_attention_head_views():
+    # the model's q, k, v are (B, nh, T, hs) transposes of one (B, T, 3C) projection
+    g = np.random.default_rng(0)
+    qkv = g.standard_normal((2, 24, 3 * 4 * 8)).astype(np.float32)
+    q, k, v = (qkv[..., i * 32:(i + 1) * 32].reshape(2, 24, 4, 8).transpose(0, 2, 1, 3)
+               for i in range(3))
+    assert KA._attn_when(q, k, v, None)
+    check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
+          {"is_causal": True})
+
+
+def test_attention_keeps_o_of_t():
+    g = np.random.default_rng(0)
+    q, k, v = (g.standard_normal((1, 2, 256, 16)).astype(np.float32) for _ in range(3))
+    fn = KA.NumbaFlashAttention()
+    fn.forward(q, k, v, None, is_causal=True)
+    assert kept_bytes(fn) <= 5 * q.nbytes  # q, k, v, o and lse: no (L, S) scores
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_adamw(dtype, tol, wd):
+    g = np.random.default_rng(0)
+    a = [g.standard_normal(40_000).astype(dtype) for _ in range(3)] + [
+        g.random(40_000).astype(dtype)]
+    b = [x.copy() for x in a]
+    for step in (1, 2, 10):
+        kw = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": wd, "step": step}
+        adamw_update(*a, **kw)
+        K.numba_adamw_update(*b, **kw)
+        for name, x, y in zip("xgmv", a, b):
+            assert_close(y, x, tol, tol, what=f"adamw {name} step {step}")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registered_names():
+    names = {k.name for k in kernels.registered()}
+    for n in ("softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu", "adamw",
+              "flash_attention"):
+        assert f"cpu.numba.{n}" in names
+
+
+def pick_impl(op, *args, **kw):
+    ks = [k for k in kernels.registered(op, "cpu") if k.name.startswith("cpu.numba.")]
+    assert len(ks) == 1
+    return ks[0].when(*args, **kw)
+
+
+def test_predicates_refuse_what_kernels_do_not_handle():
+    x32 = np.zeros((4, 5), np.float32)
+    assert pick_impl("softmax", x32, dim=-1) and pick_impl("softmax", x32, dim=1)
+    assert not pick_impl("softmax", x32, dim=0)
+    assert not pick_impl("softmax", x32.astype(np.float64))
+    assert not pick_impl("softmax", x32.T)  # not contiguous
+    assert not pick_impl("softmax", np.zeros((0, 5), np.float32))
+    assert pick_impl("cross_entropy", x32, np.zeros(4, np.int64))
+    assert not pick_impl("cross_entropy", np.zeros((2, 2, 5), np.float32), np.zeros(2, int))
+    assert pick_impl("layer_norm", x32, None, None) and pick_impl("layer_norm", x32 * 1.0,
+                                                                  np.ones(5, np.float32), None)
+    assert not pick_impl("layer_norm", x32, np.ones(5), None)  # dtypes differ
+    assert not pick_impl("gelu", x32.astype(np.float16))
+    q = np.zeros((1, 2, 5, 4), np.float32)
+    assert pick_impl("attention", q, q, q, None, is_causal=True)
+    assert not pick_impl("attention", q, q, q, np.ones((3, 3), bool))
+    assert not pick_impl("attention", q, q, q, None, dropout_p=0.1)
+    assert not pick_impl("attention", q, q[0], q[0], None)  # broadcast batch dims
+    assert not pick_impl("attention", q, q[..., :4, :], q, None)  # S = 4 <= Ev = 4
+    v = np.zeros(3, np.float32)
+    assert pick_impl("adamw", v, v, v, v) and not pick_impl("adamw", v, v[:2], v, v)
+
+
+def test_apply_records_and_backpropagates():
+    import tensorgrad as tg
+
+    x = tg.tensor(np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32),
+                  requires_grad=True)
+    K.NumbaLayerNorm.apply(K.NumbaSoftmax.apply(x, dim=-1), None, None, nd=1).sum().backward()
+    assert x.grad is not None and x.grad.shape == (3, 8) and np.isfinite(x.grad.numpy()).all()
+
+
+
+def test_sizes_above_parallel_min():
+    # the tests above are small and run on one thread (threads_for); these take the pool
+    g = np.random.default_rng(0)
+    x = g.standard_normal((64, 2 * K.PARALLEL_MIN // 64)).astype(np.float32)
+    check("softmax", R.Softmax, K.NumbaSoftmax, [x])
+    check("log_softmax", R.LogSoftmax, K.NumbaLogSoftmax, [x])
+    t = g.integers(0, x.shape[1], 64)
+    t[::7] = -100
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [x, t], slack=8 * 64)
+    check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, [x, x[0], x[1]])
+    check("gelu", R.Gelu, K.NumbaGelu, [x], {"approximate": "tanh"})
+    a = [g.standard_normal(x.size).astype(np.float32) for _ in range(3)] + [g.random(x.size)]
+    a[3] = a[3].astype(np.float32)
+    b = [y.copy() for y in a]
+    hp = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": 0.1, "step": 5}
+    adamw_update(*a, **hp)
+    K.numba_adamw_update(*b, **hp)
+    for name, want, got in zip("xgmv", a, b):
+        assert_close(got, want, 1e-6, 1e-6, what=f"adamw {name}")
