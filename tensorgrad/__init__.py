@@ -33,6 +33,11 @@ from .ops.dtypes import result_type
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
 
+try:  # compiled CPU kernels, where numba is installed (pip install -e ".[fast]")
+    from .kernels import cpu_numba  # noqa: F401
+except ImportError:
+    cpu_numba = None
+
 try:
     __version__ = _metadata.version("tensorgrad-gpt")
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed

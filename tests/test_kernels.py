@@ -213,7 +213,8 @@ def test_adamw_kernel_matches_reference(kernel, wd, step, n):
     assert kernel.when(*got[:1], g, *got[1:])
     kernel.impl(got[0], g, got[1], got[2], **hp)
     for a, b, name in zip(got, want, ("param", "exp_avg", "exp_avg_sq")):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, err_msg=f"{kernel.name}: {name}")
+        # float32 rounding: a kernel may keep intermediates in float64 (numba does)
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7, err_msg=f"{kernel.name}: {name}")
 
 
 # ----------------------------------------------------------------------------- the registry

@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..autograd import Function
+from ..ops.nn import check_classes, loss_coef, reduce_losses
 from . import register
 from .numba_math import exp32
 
@@ -209,8 +210,8 @@ class NumbaLogSoftmax(Function):
 
 
 @njit(parallel=True, fastmath=EXP_FM, cache=True)
-def _ce_fwd(x, t, loss, lse, block):
-    """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0), lse = m + log Σe^(x-m)."""
+def _ce_fwd(x, t, loss, mx, ls_out, block):
+    """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0); keeps m and log Σe^(x-m)."""
     n, c = x.shape
     for b in prange((n + block - 1) // block):
         e = np.empty(c, dtype=x.dtype)  # this block's scratch row for e^(x-m)
@@ -220,12 +221,15 @@ def _ce_fwd(x, t, loss, lse, block):
             for j in range(c):
                 e[j] = exp32(xi[j] - m)
             ls = math.log(np.float64(_rsum(e)))
-            lse[i] = m + ls  # float64: x - lse stays exact in backward for ±1e4 logits
+            # m and log Σ kept apart (not m + log Σ): (x - m) - log Σ stays exact in
+            # backward for ±1e4 logits, all in float32
+            mx[i] = m
+            ls_out[i] = F32(ls)
             loss[i] = F32(ls - (xi[t[i]] - m)) if t[i] >= 0 else F32(0)
 
 
 @njit(parallel=True, fastmath=EXP_FM, cache=True)
-def _ce_bwd(x, t, lse, coef, gx):
+def _ce_bwd(x, t, mx, ls, coef, gx):
     """gx = coef·(softmax(x) - onehot(t)) per row; rows with coef 0 are zeros."""
     n, c = x.shape
     for i in prange(n):
@@ -237,9 +241,9 @@ def _ce_bwd(x, t, lse, coef, gx):
             for j in range(c):
                 gx[i, j] = 0
         else:
-            li = lse[i]
+            mi, li = mx[i], ls[i]
             for j in range(c):
-                gx[i, j] = k * exp32(F32(x[i, j] - li))
+                gx[i, j] = k * exp32(F32(x[i, j] - mi) - li)
             gx[i, t[i]] -= k
 
 
@@ -249,39 +253,27 @@ def _ce_bwd(x, t, lse, coef, gx):
 class NumbaCrossEntropy(Function):
     """Cross-entropy of (N, C) float32 logits, one pass per row each way.
 
-    Saves the logits (an input), the logsumexp per row (float64) and the targets as int32
-    with -1 for ignored rows, instead of the (N, C) probabilities.
+    Saves the logits (an input), the row max and log-sum-exp (float32, two per row) and the
+    targets as int32 with -1 for ignored rows, instead of the (N, C) probabilities.
     """
 
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
         n, c = x.shape
         valid = target != ignore_index
         t = np.where(valid, target, 0)
-        if t.size and (int(t.min()) < 0 or int(t.max()) >= c):
-            bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
-            raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
+        check_classes(np, t, c)
         t32 = np.where(valid, t, -1).astype(np.int32)  # classes < 2^31; -1: ignored
-        loss, lse = np.empty(n, x.dtype), np.empty(n, np.float64)
-        _run(_ce_fwd, x.size, x, t32, loss, lse, 8)
+        loss, mx, ls = np.empty(n, x.dtype), np.empty(n, x.dtype), np.empty(n, x.dtype)
+        _run(_ce_fwd, x.size, x, t32, loss, mx, ls, 8)
         self.reduction = reduction
-        self.save(x, t32, lse)
-        if reduction == "none":
-            return loss
-        if reduction == "sum":
-            return loss.sum()
-        with np.errstate(invalid="ignore", divide="ignore"):  # all ignored: NaN, as PyTorch
-            return loss.sum() / x.dtype.type(np.count_nonzero(valid))
+        self.save(x, t32, mx, ls)
+        return reduce_losses(np, loss, valid, reduction)
 
     def backward(self, g):
-        x, t32, lse = self.saved
-        valid = t32 >= 0
-        coef = valid.astype(x.dtype)
-        if self.reduction == "mean":
-            coef *= g / x.dtype.type(np.count_nonzero(valid))
-        else:
-            coef *= g
+        x, t32, mx, ls = self.saved
+        coef = loss_coef(g, t32 >= 0, self.reduction, x.dtype)
         gx = np.empty_like(x)
-        _run(_ce_bwd, x.size, x, np.maximum(t32, 0), lse, coef, gx)
+        _run(_ce_bwd, x.size, x, np.maximum(t32, 0), mx, ls, coef, gx)
         return gx, None
 
 

@@ -82,7 +82,8 @@ def loss_coef(g, valid, reduction: str, dtype):
     """∂L/∂(row loss): g per row, 0 where ignored, divided by the count for 'mean'."""
     coef = valid.astype(dtype)
     if reduction == "mean":
-        coef *= g / valid.sum().astype(dtype)
+        with errstate(get_array_module(coef), invalid="ignore", divide="ignore"):
+            coef *= g / valid.sum().astype(dtype)  # every row ignored: NaN, as PyTorch
     else:
         coef *= g
     return coef
