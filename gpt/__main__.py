@@ -1,11 +1,12 @@
-"""``python -m gpt``: list the three commands."""
+"""``python -m gpt``: list the commands."""
 
 import sys
 
 COMMANDS = (
     ("gpt-train", "train a GPT (or fine-tune GPT-2) on text; `gpt-train --help`"),
     ("gpt-sample", "generate text from a trained run or a GPT-2 checkpoint"),
-    ("gpt-explain", "show what happens inside one forward pass, step by step"),
+    ("gpt-explain", "show one training step stage by stage (--steps, --serve: watch it learn)"),
+    ("gpt-plot", "redraw a run's loss.png from its metrics.jsonl"),
 )
 
 

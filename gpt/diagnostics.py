@@ -118,14 +118,14 @@ def update_ratios(before: dict, after: dict,
     return out
 
 
-def plot_metrics(records: list[dict], path) -> None:
+def plot_metrics(records: list[dict], path) -> bool:
     """loss.png from metrics.jsonl records: train/val loss, and with diag records also
     per-layer update/weight ratios and gradient norms. Written atomically (Agg backend);
-    does nothing when matplotlib is missing."""
+    returns False (writing nothing) when matplotlib is missing."""
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI
     except ImportError:
-        return
+        return False
     steps = [(r["iter"], r["loss"]) for r in records if r.get("loss") is not None]
     evals = [r for r in records if "val_loss" in r]
     diags = [r for r in records if "diag" in r]
@@ -163,3 +163,4 @@ def plot_metrics(records: list[dict], path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     atomic_write_bytes(path, buf.getvalue())
+    return True

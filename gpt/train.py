@@ -522,21 +522,29 @@ def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
     """Mean loss over eval_iters batches of each sampler, with dropout off; None when
     stop['signal'] gets set meanwhile (the run is being interrupted). Under mpiexec rank r
     evaluates batches r, r + N, ... (every rank draws them all, so the samplers stay alike)."""
+    from tqdm import tqdm
+
     ddp = ddp or dist_train.SINGLE
     model.eval()
     out = {}
-    for split, sampler in samplers.items():
-        total = 0.0
-        for i in range(eval_iters):
-            if ddp.agree_stop(stop):
-                model.train()
-                return None
-            x, y = sampler.next_batch()
-            if i % ddp.world_size == ddp.rank:
-                _, loss = model(to_device(x, device), to_device(y, device))
-                total += loss.item()
-        out[split] = ddp.mean(total) * ddp.world_size / eval_iters
-    model.train()
+    # a progress bar of its own (it disappears when done): large models evaluate for minutes
+    bar = tqdm(total=eval_iters * len(samplers), desc="eval", unit="batch", leave=False,
+               file=sys.stderr, dynamic_ncols=True, mininterval=1.0, disable=not ddp.is_main)
+    try:
+        for split, sampler in samplers.items():
+            total = 0.0
+            for i in range(eval_iters):
+                if ddp.agree_stop(stop):
+                    return None
+                x, y = sampler.next_batch()
+                if i % ddp.world_size == ddp.rank:
+                    _, loss = model(to_device(x, device), to_device(y, device))
+                    total += loss.item()
+                bar.update(1)
+            out[split] = ddp.mean(total) * ddp.world_size / eval_iters
+    finally:
+        bar.close()
+        model.train()
     return out
 
 
@@ -680,6 +688,12 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
         best_loss = ckpt.get("best_train_loss") or math.inf
         evaluated = ckpt.get("evaluated", True)
         elapsed0, tokens_seen = ckpt.get("elapsed_s", 0.0), ckpt.get("tokens_seen", 0)
+    if ckpt is not None and start >= c.max_iters and evaluated:
+        if ddp.is_main:
+            print(f"the run in {out} is finished (iter {start} of --max-iters {c.max_iters}); "
+                  "raise --max-iters (and set --lr-decay-iters) to train it further, or "
+                  f"sample it: {_sample_command()} --out-dir {shlex.quote(str(out))}", file=err)
+        return 0
     ddp.start(model, optimizer, ckpt, start)  # mpiexec: rank 0's weights, each rank's RNG
     out.mkdir(parents=True, exist_ok=True)
     metrics = (Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
@@ -736,6 +750,7 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
               f"{_divergence_advice(c, out, saved_at)}", file=err)
         return EXIT_ERROR
 
+    warned_plot = False
     bar = tqdm(total=c.max_iters, initial=start, desc="train", unit="it", file=err,
                dynamic_ncols=True, mininterval=0.5)
     it = start
@@ -772,8 +787,12 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
                     note = " (best, saved)" if is_best else " (saved)"
                 bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss "
                           f"{val_loss:.4f}{note}", file=err)
-                if ddp.is_main:
-                    diag.plot_metrics(metrics.records, out / "loss.png")
+                if ddp.is_main and not diag.plot_metrics(metrics.records, out / "loss.png") \
+                        and not warned_plot:
+                    warned_plot = True
+                    bar.write("loss.png skipped: matplotlib is not installed (pip install -e "
+                              "'.[plot]'); `gpt-plot OUT_DIR` draws it from metrics.jsonl",
+                              file=err)
             if it >= c.max_iters:
                 break
 
@@ -858,9 +877,14 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
         stream_sample(model, tok, start_ids(tok, None), c.sample_tokens, temperature=0.8,
                       top_k=200, seed=c.seed)
         print("\n---------------------------------------------------------------------")
-    sample_cmd = "gpt-sample" if Path(sys.argv[0]).name == "gpt-train" else "python -m gpt.sample"
-    print(f"sample again: {sample_cmd} --out-dir {shlex.quote(str(out))}")
+    if ddp.is_main:
+        again = "sample again" if c.sample_tokens else "sample it"
+        print(f"{again}: {_sample_command()} --out-dir {shlex.quote(str(out))}")
     return 0
+
+
+def _sample_command() -> str:
+    return "gpt-sample" if Path(sys.argv[0]).name == "gpt-train" else "python -m gpt.sample"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import numba
 import numpy as np
@@ -70,14 +71,26 @@ PARALLEL_MIN = 1 << 16  # elements below which one thread runs a kernel (waking 
 # more; on a busy machine a descheduled pool thread can cost a whole time slice)
 
 
+def kernel_threads() -> int:
+    """Threads for the numba kernels: TG_KERNEL_THREADS, default 1.
+
+    One by default because, measured on the 2-core machine of benchmarks/, numba's pool
+    fights OpenBLAS's threads, which are still spinning after each GEMM: a char-small
+    training step took 286 ms with 2 kernel threads, 67 ms with 1 (baby: 1,631 vs 1,202 ms).
+    """
+    return max(1, int(os.environ.get("TG_KERNEL_THREADS", "1") or 1))
+
+
 @contextlib.contextmanager
 def threads_for(size: int):
-    """``with threads_for(n):`` numba's own thread count for n elements of work, else one."""
+    """``with threads_for(n):`` up to kernel_threads() numba threads for n elements of
+    work (at least PARALLEL_MIN of them), else one."""
     prev = numba.get_num_threads()
-    if size >= PARALLEL_MIN or prev == 1:
+    want = min(prev, kernel_threads()) if size >= PARALLEL_MIN else 1
+    if want == prev:
         yield
         return
-    numba.set_num_threads(1)  # thread-local: other Python threads keep theirs
+    numba.set_num_threads(want)  # thread-local: other Python threads keep theirs
     try:
         yield
     finally:

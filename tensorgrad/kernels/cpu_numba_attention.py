@@ -27,7 +27,9 @@ from numba import njit, prange
 
 from ..autograd import Function
 from . import register
-from .cpu_numba import EXP_FM, FM, PARALLEL_MIN, _arr, _rdot, _rmax, _rsum, threads_for
+from .cpu_numba import (
+    EXP_FM, FM, PARALLEL_MIN, _arr, _rdot, _rmax, _rsum, kernel_threads, threads_for,
+)
 from .numba_math import exp32
 
 F32 = np.float32
@@ -163,7 +165,7 @@ _blas = None  # threadpoolctl.ThreadpoolController; False without threadpoolctl
 
 def _head_threads(BH: int) -> int:
     global _blas
-    n = min(numba.get_num_threads(), BH)
+    n = min(numba.get_num_threads(), kernel_threads(), BH)
     if n <= 1 or THREADS_OVER != "heads":
         return 1
     if _blas is None:

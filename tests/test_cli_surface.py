@@ -1,0 +1,75 @@
+"""What a first run shows: a finished run says so on --resume, the closing hint matches
+--no-sample, evaluation has a progress bar, loss.png is drawn or its absence explained, and
+gpt-plot redraws it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from test_train import TINY, corpus, records, run  # noqa: F401  (corpus is a fixture)
+
+from gpt import diagnostics, plot
+
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def test_resume_of_a_finished_run_says_it_is_finished(corpus, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert run(corpus, out, "--max-iters", "3", "--eval-interval", "3")[0] == 0
+    n = len(records(out))
+    code, _, err = run(corpus, out, "--max-iters", "3", "--eval-interval", "3", "--resume",
+                       capsys=capsys)
+    assert code == 0
+    assert "is finished (iter 3 of --max-iters 3)" in err and "--max-iters" in err
+    assert len(records(out)) == n  # nothing trained, nothing logged
+
+
+def test_closing_hint_follows_no_sample(corpus, tmp_path, capsys):  # noqa: F811
+    code, out, _ = run(corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2",
+                       capsys=capsys)
+    assert code == 0
+    assert "sample it:" in out and "sample again" not in out  # TINY has --no-sample
+
+
+def test_evaluation_shows_progress(corpus, tmp_path, capsys):  # noqa: F811
+    code, _, err = run(corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2",
+                       capsys=capsys)
+    assert code == 0 and "eval" in err
+
+
+def test_loss_png_or_one_line_saying_how(corpus, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(diagnostics, "plot_metrics", lambda records, path: False)  # no mpl
+    code, _, err = run(corpus, tmp_path / "r", "--max-iters", "4", "--eval-interval", "2",
+                       capsys=capsys)
+    assert code == 0
+    assert err.count("loss.png skipped: matplotlib is not installed") == 1
+    assert "gpt-plot OUT_DIR" in err
+
+
+@pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed (pip install -e '.[plot]')")
+def test_gpt_plot_redraws_loss_png(tmp_path, capsys):
+    lines = [{"iter": i, "loss": 4.0 - i / 10} for i in range(5)]
+    lines.append({"iter": 4, "train_loss": 3.6, "val_loss": 3.7})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{torn")
+    assert plot.main([str(tmp_path)]) == 0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "6 records" in capsys.readouterr().out
+
+
+def test_gpt_plot_bad_dir_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpt.plot", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "metrics.jsonl does not exist" in r.stderr
+
+
+def test_python_m_gpt_lists_the_commands():
+    r = subprocess.run([sys.executable, "-m", "gpt"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0
+    for name in ("gpt-train", "gpt-sample", "gpt-explain", "gpt-plot"):
+        assert name in r.stdout
