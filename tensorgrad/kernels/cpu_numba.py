@@ -498,7 +498,10 @@ def _adamw_when(x, g, m, v, **kw):
                     and a.flags.c_contiguous for a in arrays))
 
 
-@register("adamw", "cpu", name="cpu.numba.adamw", when=_adamw_when)
+# Not registered: measured on the 2-core machine of benchmarks/ (one numba thread), the
+# chunked NumPy update (cpu_chunked.py) is faster: 26.5 vs 40.1 ms for 10M parameters,
+# 354 vs 570 ms for gpt2-124M's 124M. Kept (and tested) for machines where it wins:
+# register it with tensorgrad.kernels.register("adamw", "cpu", ..., when=_adamw_when).
 def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
     t = x.dtype.type
