@@ -31,8 +31,17 @@ def gpt_config(shape: str, T: int | None = None, block_size: int | None = None):
 
     L, H, C, T0, _, V = SHAPES[shape]
     T = T or T0
-    return GPTConfig(block_size=block_size or max(T, 64), vocab_size=V, n_layer=L, n_head=H,
-                     n_embd=C, dropout=0.0, bias=True, gelu="tanh", tie_weights=True)
+    return GPTConfig(
+        block_size=block_size or max(T, 64),
+        vocab_size=V,
+        n_layer=L,
+        n_head=H,
+        n_embd=C,
+        dropout=0.0,
+        bias=True,
+        gelu="tanh",
+        tie_weights=True,
+    )
 
 
 def set_threads(n: int, torch_too: bool) -> None:
@@ -152,8 +161,13 @@ def peak_growth(fn) -> dict:
     ok = reset_peak()
     fn()
     st = proc_status()
-    return {"rss_before_mb": before, "peak_growth_mb": st["VmHWM"] - before,
-            "rss_after_mb": st["VmRSS"], "peak_mb": st["VmHWM"], "hwm_reset": ok}
+    return {
+        "rss_before_mb": before,
+        "peak_growth_mb": st["VmHWM"] - before,
+        "rss_after_mb": st["VmRSS"],
+        "peak_mb": st["VmHWM"],
+        "hwm_reset": ok,
+    }
 
 
 # ----------------------------------------------------------------------------- machine
@@ -171,8 +185,7 @@ def cpu_model() -> str:
 def blas_info() -> list:
     from threadpoolctl import threadpool_info
 
-    keep = ("internal_api", "version", "architecture", "num_threads", "threading_layer",
-            "filepath")
+    keep = ("internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")
     return [{k: d.get(k) for k in keep} for d in threadpool_info()]
 
 
@@ -180,10 +193,20 @@ def worker_info(torch_too: bool) -> dict:
     """What the measuring process runs on (its BLAS kernel depends on its environment)."""
     import numpy as np
 
-    info = {"numpy": np.__version__, "blas": blas_info(),
-            "env": {k: os.environ.get(k) for k in (*BLAS_ENV_VARS, "TG_NUM_THREADS",
-                                                   "TG_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_",
-                                                   "MALLOC_TRIM_THRESHOLD_")}}
+    info = {
+        "numpy": np.__version__,
+        "blas": blas_info(),
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                *BLAS_ENV_VARS,
+                "TG_NUM_THREADS",
+                "TG_MALLOC_TUNING",
+                "MALLOC_MMAP_THRESHOLD_",
+                "MALLOC_TRIM_THRESHOLD_",
+            )
+        },
+    }
     import sys
 
     if "tensorgrad" in sys.modules:
@@ -199,8 +222,11 @@ def worker_info(torch_too: bool) -> dict:
     if "numba" in sys.modules:
         import numba
 
-        info["numba"] = {"version": numba.__version__, "threads": numba.get_num_threads(),
-                         "threading_layer": numba.config.THREADING_LAYER}
+        info["numba"] = {
+            "version": numba.__version__,
+            "threads": numba.get_num_threads(),
+            "threading_layer": numba.config.THREADING_LAYER,
+        }
     if torch_too:
         import torch
 

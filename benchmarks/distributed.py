@@ -52,7 +52,7 @@ def worker(a) -> None:
     ddp = dist.DataParallel(model.parameters(), bucket_mb=a.bucket_mb)  # broadcasts rank 0's
     rows = a.batch // n
     data = np.random.default_rng(0).integers(0, cfg.vocab_size, (a.batch, a.block + 1))
-    x, y = data[r * rows:(r + 1) * rows, :-1], data[r * rows:(r + 1) * rows, 1:]  # this rank's
+    x, y = data[r * rows : (r + 1) * rows, :-1], data[r * rows : (r + 1) * rows, 1:]  # this rank's
     steps, comm = [], []
     for i in range(1 + a.steps):
         dist.barrier()
@@ -76,10 +76,17 @@ def worker(a) -> None:
     everyone = dist.all_gather_json(mine)
     if r == 0:
         params = sum(p.data.size for p in ddp.params)
-        out = {"ranks": n, "threads": a.threads, "shape": a.shape, "batch": a.batch,
-               "block": a.block, "params": params, "buckets": len(ddp.buckets),
-               "payload_bytes": payload if n > 1 else 4 * (params + len(ddp.params)),
-               "per_rank": everyone}
+        out = {
+            "ranks": n,
+            "threads": a.threads,
+            "shape": a.shape,
+            "batch": a.batch,
+            "block": a.block,
+            "params": params,
+            "buckets": len(ddp.buckets),
+            "payload_bytes": payload if n > 1 else 4 * (params + len(ddp.params)),
+            "per_rank": everyone,
+        }
         Path(a.out).write_text(json.dumps(out, indent=1))
 
 
@@ -95,38 +102,72 @@ def summarize(res: dict) -> dict:
     pure = [p["pure_allreduce_s"] for p in res["per_rank"]]
     pure = _median([max(s) for s in zip(*pure)]) if pure and pure[0] else 0.0
     ring = 2 * (n - 1) / n * res["payload_bytes"]
-    return {"config": f"{n} rank{'s' if n > 1 else ''} x {res['threads']} thread"
-            f"{'s' if res['threads'] > 1 else ''}", "step_s": step,
-            "tokens_per_s": res["batch"] * res["block"] / step, "allreduce_s": comm,
-            "share": comm / step, "pure_allreduce_s": pure,
-            "payload_mb": res["payload_bytes"] / 1e6, "ring_mb_per_rank": ring / 1e6}
+    return {
+        "config": f"{n} rank{'s' if n > 1 else ''} x {res['threads']} thread"
+        f"{'s' if res['threads'] > 1 else ''}",
+        "step_s": step,
+        "tokens_per_s": res["batch"] * res["block"] / step,
+        "allreduce_s": comm,
+        "share": comm / step,
+        "pure_allreduce_s": pure,
+        "payload_mb": res["payload_bytes"] / 1e6,
+        "ring_mb_per_rank": ring / 1e6,
+    }
 
 
 def run_config(a, ranks: int, threads: int, out: Path) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    cmd = [sys.executable, "-m", "benchmarks.distributed", "--worker", "--out", str(out),
-           "--shape", a.shape, "--batch", str(a.batch), "--block", str(a.block), "--steps",
-           str(a.steps), "--bucket-mb", str(a.bucket_mb), "--threads", str(threads)]
+    env = dict(
+        os.environ,
+        OPENBLAS_NUM_THREADS=str(threads),
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.distributed",
+        "--worker",
+        "--out",
+        str(out),
+        "--shape",
+        a.shape,
+        "--batch",
+        str(a.batch),
+        "--block",
+        str(a.block),
+        "--steps",
+        str(a.steps),
+        "--bucket-mb",
+        str(a.bucket_mb),
+        "--threads",
+        str(threads),
+    ]
     if ranks > 1:
         exe = Path(sys.executable).parent / "mpiexec"
         exe = str(exe) if exe.exists() else shutil.which("mpiexec")
         if exe is None:
             raise SystemExit('mpiexec not found: pip install -e ".[mpi]"')
         cmd = [exe, "-n", str(ranks), *cmd]
-    print(f"running {ranks} rank(s) x {threads} thread(s): {' '.join(cmd[:4])} ...",
-          file=sys.stderr)
+    print(
+        f"running {ranks} rank(s) x {threads} thread(s): {' '.join(cmd[:4])} ...", file=sys.stderr
+    )
     subprocess.run(cmd, env=env, check=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(out.read_text())
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.distributed",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.distributed", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--shape", default="gpt2-124M", help="benchmarks.common.SHAPES name")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="BLAS threads of the 1-rank run (default --ranks); ranks get 1 each")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BLAS threads of the 1-rank run (default --ranks); ranks get 1 each",
+    )
     ap.add_argument("--batch", type=int, default=2, help="global sequences per step")
     ap.add_argument("--block", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
@@ -139,20 +180,30 @@ def main(argv=None) -> None:
         return
     threads = a.threads or a.ranks
     with tempfile.TemporaryDirectory() as tmp:
-        raw = [run_config(a, 1, threads, Path(tmp) / "one.json"),
-               run_config(a, a.ranks, 1, Path(tmp) / "many.json")]
+        raw = [
+            run_config(a, 1, threads, Path(tmp) / "one.json"),
+            run_config(a, a.ranks, 1, Path(tmp) / "many.json"),
+        ]
     rows = [summarize(r) for r in raw]
-    print(f"\n{a.shape}, global batch {a.batch} x {a.block} tokens, {raw[0]['params']:,} "
-          f"parameters, {raw[1]['buckets']} buckets of <= {a.bucket_mb:g} MB\n")
-    print("| config | step s | tokens/s | all-reduce s/step | share | all-reduce alone s "
-          "| payload MB/step | ring MB/rank/step |")
+    print(
+        f"\n{a.shape}, global batch {a.batch} x {a.block} tokens, {raw[0]['params']:,} "
+        f"parameters, {raw[1]['buckets']} buckets of <= {a.bucket_mb:g} MB\n"
+    )
+    print(
+        "| config | step s | tokens/s | all-reduce s/step | share | all-reduce alone s "
+        "| payload MB/step | ring MB/rank/step |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for s in rows:
-        print(f"| {s['config']} | {s['step_s']:.3f} | {s['tokens_per_s']:,.0f} | "
-              f"{s['allreduce_s']:.3f} | {s['share']:.1%} | {s['pure_allreduce_s']:.3f} | "
-              f"{s['payload_mb']:.1f} | {s['ring_mb_per_rank']:.1f} |")
-    print(f"\nspeed-up of {rows[1]['config']} over {rows[0]['config']}: "
-          f"{rows[0]['step_s'] / rows[1]['step_s']:.2f}x")
+        print(
+            f"| {s['config']} | {s['step_s']:.3f} | {s['tokens_per_s']:,.0f} | "
+            f"{s['allreduce_s']:.3f} | {s['share']:.1%} | {s['pure_allreduce_s']:.3f} | "
+            f"{s['payload_mb']:.1f} | {s['ring_mb_per_rank']:.1f} |"
+        )
+    print(
+        f"\nspeed-up of {rows[1]['config']} over {rows[0]['config']}: "
+        f"{rows[0]['step_s'] / rows[1]['step_s']:.2f}x"
+    )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"distributed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"args": vars(a), "summary": rows, "raw": raw}, indent=1))

@@ -61,7 +61,7 @@ def timed(fn, reps: int, warmup: int = 1, torch_sync=False) -> float:
     """Seconds per call of fn, after warmup calls, with the device synchronised around."""
     import importlib
 
-    done = (importlib.import_module("torch").cuda.synchronize if torch_sync else sync)
+    done = importlib.import_module("torch").cuda.synchronize if torch_sync else sync
     for _ in range(warmup):
         fn()
     done()
@@ -120,8 +120,7 @@ def section_matmul(budget):
             s = timed(lambda: linalg.matmul(a, b), reps=5)
         finally:
             tg.cuda.set_matmul_precision("highest")
-        rows.append({"precision": precision, "n": n, "ms": s * 1e3,
-                     "tflops": 2 * n**3 / s / 1e12})
+        rows.append({"precision": precision, "n": n, "ms": s * 1e3, "tflops": 2 * n**3 / s / 1e12})
     return rows
 
 
@@ -131,17 +130,23 @@ def _op_inputs(r):
     f = np.float32
     return {
         "gelu_tanh": (lambda x: F.gelu(x, "tanh"), [r.standard_normal((N, 4 * C)).astype(f)]),
-        "layer_norm": (lambda x, w, b: F.layer_norm(x, C, w, b),
-                       [r.standard_normal((N, C)).astype(f), r.random(C).astype(f),
-                        r.random(C).astype(f)]),
+        "layer_norm": (
+            lambda x, w, b: F.layer_norm(x, C, w, b),
+            [r.standard_normal((N, C)).astype(f), r.random(C).astype(f), r.random(C).astype(f)],
+        ),
         "softmax": (lambda x: F.softmax(x, -1), [r.standard_normal((N, 1024)).astype(f)]),
-        "cross_entropy": (lambda x, t: F.cross_entropy(x, t),
-                          [r.standard_normal((N, V)).astype(f), r.integers(0, V, N)]),
-        "embedding": (lambda w, i: F.embedding(i, w),
-                      [(r.standard_normal((V, C)) * 0.02).astype(f), r.integers(0, V, (B, T))]),
-        "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                      [r.standard_normal((B, HEADS, T, C // HEADS)).astype(f)
-                       for _ in range(3)]),
+        "cross_entropy": (
+            lambda x, t: F.cross_entropy(x, t),
+            [r.standard_normal((N, V)).astype(f), r.integers(0, V, N)],
+        ),
+        "embedding": (
+            lambda w, i: F.embedding(i, w),
+            [(r.standard_normal((V, C)) * 0.02).astype(f), r.integers(0, V, (B, T))],
+        ),
+        "attention": (
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            [r.standard_normal((B, HEADS, T, C // HEADS)).astype(f) for _ in range(3)],
+        ),
     }
 
 
@@ -152,8 +157,10 @@ def section_kernels(budget):
         if budget.left() < 20:
             rows.append({"kernel": name, "skipped": "time budget"})
             continue
-        ts = [tg.tensor(a, dtype=a.dtype, device="cuda", requires_grad=a.dtype.kind == "f")
-              for a in arrays]
+        ts = [
+            tg.tensor(a, dtype=a.dtype, device="cuda", requires_grad=a.dtype.kind == "f")
+            for a in arrays
+        ]
 
         gout = {}  # one random upstream gradient for both runs (ones would sum softmax to 0)
 
@@ -177,11 +184,19 @@ def section_kernels(budget):
             finally:
                 tg.kernels.set_enabled(True)
             free_pool()
-        err = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-                  for a, b in zip(res[True], res[False]))
-        rows.append({"kernel": name + " (fwd+bwd)", "max_rel_err_vs_twin": err,
-                     "fused_ms": secs[True] * 1e3, "twin_ms": secs[False] * 1e3,
-                     "speedup": secs[False] / secs[True]})
+        err = max(
+            float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+            for a, b in zip(res[True], res[False])
+        )
+        rows.append(
+            {
+                "kernel": name + " (fwd+bwd)",
+                "max_rel_err_vs_twin": err,
+                "fused_ms": secs[True] * 1e3,
+                "twin_ms": secs[False] * 1e3,
+                "speedup": secs[False] / secs[True],
+            }
+        )
         del ts, res
         free_pool()
     # AdamW over 50M parameters: kernel vs the NumPy-style update on CuPy
@@ -202,11 +217,20 @@ def section_kernels(budget):
             times[fused] = timed(lambda a=(xs, g, ms, vs): optim.adamw_update(*a, **hp), reps=3)
         finally:
             tg.kernels.set_enabled(True)
-    ulps = int(cp.abs(outs[True].view(cp.int32).astype(cp.int64)
-                      - outs[False].view(cp.int32).astype(cp.int64)).max())
-    rows.append({"kernel": f"adamw ({n / 1e6:g}M params)", "max_ulp_vs_twin": ulps,
-                 "fused_ms": times[True] * 1e3, "twin_ms": times[False] * 1e3,
-                 "speedup": times[False] / times[True]})
+    ulps = int(
+        cp.abs(
+            outs[True].view(cp.int32).astype(cp.int64) - outs[False].view(cp.int32).astype(cp.int64)
+        ).max()
+    )
+    rows.append(
+        {
+            "kernel": f"adamw ({n / 1e6:g}M params)",
+            "max_ulp_vs_twin": ulps,
+            "fused_ms": times[True] * 1e3,
+            "twin_ms": times[False] * 1e3,
+            "speedup": times[False] / times[True],
+        }
+    )
     del x, g, m, v, outs
     free_pool()
     return rows
@@ -235,8 +259,11 @@ def section_tiny(budget):
             loss.backward()
             opt.step()
             losses[dev].append(loss.item())
-    return {"losses_cpu": losses["cpu"], "losses_gpu": losses["cuda"],
-            "max_abs_diff": max(abs(a - b) for a, b in zip(losses["cpu"], losses["cuda"]))}
+    return {
+        "losses_cpu": losses["cpu"],
+        "losses_gpu": losses["cuda"],
+        "max_abs_diff": max(abs(a - b) for a, b in zip(losses["cpu"], losses["cuda"])),
+    }
 
 
 def _tg_steps(model, opt, x, y, warmup, reps):
@@ -277,8 +304,12 @@ def section_gpt2(budget, steps=4, warmup=2):
         result["torch_skipped"] = f"torch unavailable: {e}"
     model.to("cuda")
     x, y = backend.to_device(x_np, "cuda"), backend.to_device(y_np, "cuda")
-    variants = [("tensorgrad", "highest", True), ("tensorgrad", "tf32", True),
-                ("tensorgrad", "bf16", True), ("tensorgrad (no fused kernels)", "highest", False)]
+    variants = [
+        ("tensorgrad", "highest", True),
+        ("tensorgrad", "tf32", True),
+        ("tensorgrad", "bf16", True),
+        ("tensorgrad (no fused kernels)", "highest", False),
+    ]
     for name, precision, fused in variants:
         if budget.left() < 60:
             rows.append({"framework": name, "precision": precision, "skipped": "time budget"})
@@ -318,13 +349,23 @@ def section_gpt2(budget, steps=4, warmup=2):
 
         torch.cuda.reset_peak_memory_stats()
         s = timed(step, reps=steps, warmup=warmup, torch_sync=True)
-        rows.append(_row("pytorch eager", "highest (TF32 off)", s, flops, first_loss=first[0],
-                         mem=torch.cuda.max_memory_allocated()))
+        rows.append(
+            _row(
+                "pytorch eager",
+                "highest (TF32 off)",
+                s,
+                flops,
+                first_loss=first[0],
+                mem=torch.cuda.max_memory_allocated(),
+            )
+        )
         del torch_model, opt
         torch.cuda.empty_cache()
     by = {(r["framework"], r["precision"]): r for r in rows if "tokens_per_s" in r}
-    tg_row, pt_row = by.get(("tensorgrad", "highest")), by.get(("pytorch eager",
-                                                               "highest (TF32 off)"))
+    tg_row, pt_row = (
+        by.get(("tensorgrad", "highest")),
+        by.get(("pytorch eager", "highest (TF32 off)")),
+    )
     if tg_row and pt_row:
         result["tensorgrad_over_pytorch"] = tg_row["tokens_per_s"] / pt_row["tokens_per_s"]
         result["first_loss_diff"] = abs(tg_row["first_loss"] - pt_row["first_loss"])
@@ -333,10 +374,16 @@ def section_gpt2(budget, steps=4, warmup=2):
 
 def _row(name, precision, s, flops, first_loss, mem):
     tps = B * T / s
-    return {"framework": name, "precision": precision, "ms_per_step": s * 1e3,
-            "tokens_per_s": tps, "mfu_vs_fp32_peak": tps * flops / PEAK_FP32,
-            "achieved_tflops": tps * flops / 1e12, "first_loss": first_loss,
-            "peak_mem_gib": mem / 2**30}
+    return {
+        "framework": name,
+        "precision": precision,
+        "ms_per_step": s * 1e3,
+        "tokens_per_s": tps,
+        "mfu_vs_fp32_peak": tps * flops / PEAK_FP32,
+        "achieved_tflops": tps * flops / 1e12,
+        "first_loss": first_loss,
+        "peak_mem_gib": mem / 2**30,
+    }
 
 
 def section_attention(budget):
@@ -346,8 +393,9 @@ def section_attention(budget):
         if budget.left() < 15:
             rows.append({"T": Tq, "skipped": "time budget"})
             continue
-        arrays = [r.standard_normal((1, HEADS, Tq, EMBD // HEADS)).astype(np.float32)
-                  for _ in range(3)]
+        arrays = [
+            r.standard_normal((1, HEADS, Tq, EMBD // HEADS)).astype(np.float32) for _ in range(3)
+        ]
         row = {"T": Tq}
         for mode in ("flash", "gemm"):
             tg.kernels.set_enabled(mode == "flash", ["attention"])
@@ -399,9 +447,14 @@ def section_attention(budget):
     return rows
 
 
-SECTIONS = [("env", section_env, 0), ("matmul", section_matmul, 10),
-            ("kernels", section_kernels, 40), ("tiny", section_tiny, 10),
-            ("gpt2", section_gpt2, 90), ("attention", section_attention, 20)]
+SECTIONS = [
+    ("env", section_env, 0),
+    ("matmul", section_matmul, 10),
+    ("kernels", section_kernels, 40),
+    ("tiny", section_tiny, 10),
+    ("gpt2", section_gpt2, 90),
+    ("attention", section_attention, 20),
+]
 
 
 # ----------------------------------------------------------------------------- report
@@ -431,33 +484,73 @@ def markdown(results: dict) -> str:
     if isinstance(env, dict):
         out += [", ".join(f"{k}: {v}" for k, v in env.items()), ""]
     if isinstance(results.get("matmul"), list):
-        out += [f"## float32 GEMM ({MATMUL_N}³)", _table(results["matmul"],
-                                                  ["precision", "ms", "tflops"]), ""]
+        out += [
+            f"## float32 GEMM ({MATMUL_N}³)",
+            _table(results["matmul"], ["precision", "ms", "tflops"]),
+            "",
+        ]
     if isinstance(results.get("kernels"), list):
-        out += [f"## fused kernels vs NumPy-style twins on CuPy ({MODEL} shapes, B·T = {B * T})",
-                _table(results["kernels"], ["kernel", "max_rel_err_vs_twin", "max_ulp_vs_twin",
-                                            "fused_ms", "twin_ms", "speedup"]), ""]
+        out += [
+            f"## fused kernels vs NumPy-style twins on CuPy ({MODEL} shapes, B·T = {B * T})",
+            _table(
+                results["kernels"],
+                [
+                    "kernel",
+                    "max_rel_err_vs_twin",
+                    "max_ulp_vs_twin",
+                    "fused_ms",
+                    "twin_ms",
+                    "speedup",
+                ],
+            ),
+            "",
+        ]
     if isinstance(results.get("tiny"), dict):
         t = results["tiny"]
         out += [f"## tiny GPT, 5 steps: max |loss GPU - loss CPU| = {t['max_abs_diff']:.2e}", ""]
     g = results.get("gpt2")
     if isinstance(g, dict):
         peak = f"{PEAK_FP32 / 1e12:.0f} TFLOPS FP32"
-        out += [f"## {MODEL} training step, B={B}, T={T} (MFU vs {peak})",
-                _table(g["rows"], ["framework", "precision", "ms_per_step", "tokens_per_s",
-                                   "achieved_tflops", "mfu_vs_fp32_peak", "peak_mem_gib",
-                                   "first_loss"])]
+        out += [
+            f"## {MODEL} training step, B={B}, T={T} (MFU vs {peak})",
+            _table(
+                g["rows"],
+                [
+                    "framework",
+                    "precision",
+                    "ms_per_step",
+                    "tokens_per_s",
+                    "achieved_tflops",
+                    "mfu_vs_fp32_peak",
+                    "peak_mem_gib",
+                    "first_loss",
+                ],
+            ),
+        ]
         if "tensorgrad_over_pytorch" in g:
-            out.append(f"\ntensorgrad / PyTorch tokens/s (float32, TF32 off): "
-                       f"{g['tensorgrad_over_pytorch']:.3f}; first-step loss difference "
-                       f"{g['first_loss_diff']:.2e}")
+            out.append(
+                f"\ntensorgrad / PyTorch tokens/s (float32, TF32 off): "
+                f"{g['tensorgrad_over_pytorch']:.3f}; first-step loss difference "
+                f"{g['first_loss_diff']:.2e}"
+            )
         out.append("")
     if isinstance(results.get("attention"), list):
-        out += [f"## causal attention forward+backward, B=1, {HEADS} heads, head size "
-                f"{EMBD // HEADS}",
-                _table(results["attention"], ["T", "flash_mem_mib", "gemm_mem_mib",
-                                              "torch_sdpa_mem_mib", "flash_ms", "gemm_ms",
-                                              "torch_sdpa_ms"]), ""]
+        out += [
+            f"## causal attention forward+backward, B=1, {HEADS} heads, head size {EMBD // HEADS}",
+            _table(
+                results["attention"],
+                [
+                    "T",
+                    "flash_mem_mib",
+                    "gemm_mem_mib",
+                    "torch_sdpa_mem_mib",
+                    "flash_ms",
+                    "gemm_ms",
+                    "torch_sdpa_ms",
+                ],
+            ),
+            "",
+        ]
     for name, v in results.items():
         if isinstance(v, dict) and "error" in v and name != "gpt2":
             out += [f"**{name} failed**: {v['error'].splitlines()[-1]}", ""]
@@ -466,8 +559,9 @@ def markdown(results: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="results folder (default $OUT or "
-                    "benchmarks/results)")
+    ap.add_argument(
+        "--out", default=None, help="results folder (default $OUT or benchmarks/results)"
+    )
     ap.add_argument("--budget", type=float, default=280, help="seconds for all sections")
     ap.add_argument("--sections", default=",".join(s[0] for s in SECTIONS))
     args = ap.parse_args(argv)

@@ -47,14 +47,16 @@ class TorchGPT(nn.Module):
         if config.dropout or not config.bias or not config.tie_weights or config.gelu != "tanh":
             raise ValueError("TorchGPT mirrors only dropout=0, bias=True, tied, tanh-GELU configs")
         C = config.n_embd
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(config.vocab_size, C),
-            "wpe": nn.Embedding(config.block_size, C),
-            "h": nn.ModuleList(
-                [Block(C, config.n_head, config.layer_norm_eps) for _ in range(config.n_layer)]
-            ),
-            "ln_f": nn.LayerNorm(C, eps=config.layer_norm_eps),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, C),
+                "wpe": nn.Embedding(config.block_size, C),
+                "h": nn.ModuleList(
+                    [Block(C, config.n_head, config.layer_norm_eps) for _ in range(config.n_layer)]
+                ),
+                "ln_f": nn.LayerNorm(C, eps=config.layer_norm_eps),
+            }
+        )
 
     def forward(self, idx, targets):
         B, T = idx.shape

@@ -33,15 +33,29 @@ def cases():
     return [
         ("softmax", F.Softmax, K.NumbaSoftmax, [f32(B, nh, T, T)], {}),
         ("log_softmax", F.LogSoftmax, K.NumbaLogSoftmax, [f32(N, V)], {}),
-        ("cross_entropy", F.CrossEntropy, K.NumbaCrossEntropy,
-         [f32(N, V), g.integers(0, V, N)], {}),
+        (
+            "cross_entropy",
+            F.CrossEntropy,
+            K.NumbaCrossEntropy,
+            [f32(N, V), g.integers(0, V, N)],
+            {},
+        ),
         ("layer_norm", F.LayerNorm, K.NumbaLayerNorm, [f32(N, C), f32(C), f32(C)], {}),
         ("gelu (tanh)", F.Gelu, K.NumbaGelu, [f32(N, 4 * C)], {"approximate": "tanh"}),
-        ("sdpa (causal)", F.Attention, KA.NumbaFlashAttention,
-         [f32(B, nh, T, hs), f32(B, nh, T, hs), f32(B, nh, T, hs), None], {"is_causal": True}),
-        ("sdpa T=1024", F.Attention, KA.NumbaFlashAttention,
-         [f32(1, 12, 1024, hs), f32(1, 12, 1024, hs), f32(1, 12, 1024, hs), None],
-         {"is_causal": True}),
+        (
+            "sdpa (causal)",
+            F.Attention,
+            KA.NumbaFlashAttention,
+            [f32(B, nh, T, hs), f32(B, nh, T, hs), f32(B, nh, T, hs), None],
+            {"is_causal": True},
+        ),
+        (
+            "sdpa T=1024",
+            F.Attention,
+            KA.NumbaFlashAttention,
+            [f32(1, 12, 1024, hs), f32(1, 12, 1024, hs), f32(1, 12, 1024, hs), None],
+            {"is_causal": True},
+        ),
     ]
 
 
@@ -79,8 +93,11 @@ def main(argv=None) -> int:
         g = np.random.default_rng(1).standard_normal(np.shape(y)).astype(np.float32)
         variants = {"reference": (ref, None), "numba": (ker, None)}
         if ker is KA.NumbaFlashAttention:
-            variants = {"reference": (ref, None), "numba heads": (ker, "heads"),
-                        "numba rows": (ker, "rows")}
+            variants = {
+                "reference": (ref, None),
+                "numba heads": (ker, "heads"),
+                "numba rows": (ker, "rows"),
+            }
         for n in threads:
             with threadpool_limits(limits=n):
                 numba.set_num_threads(n)
@@ -89,8 +106,9 @@ def main(argv=None) -> int:
                     for label, (cls, mode) in variants.items():
                         if mode:
                             KA.THREADS_OVER = mode
-                        times[label].append(best(
-                            lambda c=cls, a=arrays, k=kw, g=g: fwd_bwd(c, a, k, g), 1))
+                        times[label].append(
+                            best(lambda c=cls, a=arrays, k=kw, g=g: fwd_bwd(c, a, k, g), 1)
+                        )
                 KA.THREADS_OVER = "heads"
             base = min(times["reference"])
             rows.append((name, n, {k: min(v) for k, v in times.items()}, base))
@@ -106,14 +124,19 @@ def main(argv=None) -> int:
             for _ in range(args.reps):
                 times["reference"].append(best(lambda: adamw_update(*arrs, **hp), 1))
                 times["numba"].append(best(lambda: K.numba_adamw_update(*arrs, **hp), 1))
-            rows.append(("adamw 10M", n, {k: min(v) for k, v in times.items()},
-                         min(times["reference"])))
-    print(f"numba {numba.__version__}, threading layer {numba.threading_layer()}; "
-          "best of rounds, forward + backward, ms (kernel / reference)")
+            rows.append(
+                ("adamw 10M", n, {k: min(v) for k, v in times.items()}, min(times["reference"]))
+            )
+    print(
+        f"numba {numba.__version__}, threading layer {numba.threading_layer()}; "
+        "best of rounds, forward + backward, ms (kernel / reference)"
+    )
     print("| op | threads | variant: ms (× reference) |\n|---|---|---|")
     for name, n, t, base in rows:
-        cells = ", ".join(f"{k} {v * 1e3:.2f}" + ("" if k == "reference" else
-                                                    f" ({v / base:.2f}×)") for k, v in t.items())
+        cells = ", ".join(
+            f"{k} {v * 1e3:.2f}" + ("" if k == "reference" else f" ({v / base:.2f}×)")
+            for k, v in t.items()
+        )
         print(f"| {name} | {n} | {cells} |")
     return 0
 

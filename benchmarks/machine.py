@@ -22,9 +22,31 @@ import subprocess
 import sys
 import time
 
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-              "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16",
-              "amx_int8", "amx_fp16", "asimd", "asimdhp", "sve", "sve2", "sme", "bf16", "i8mm")
+SIMD_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimd",
+    "asimdhp",
+    "sve",
+    "sve2",
+    "sme",
+    "bf16",
+    "i8mm",
+)
 
 
 def _cpuinfo() -> list[dict]:
@@ -106,19 +128,34 @@ def describe() -> dict:
     fpc, assumption = flops_per_cycle(flags, vendor, num("cpu family"), name)
     peak = cores * fpc * mhz / 1000 if mhz else None
     return {
-        "model_name": name, "vendor": vendor, "family": num("cpu family"), "model": num("model"),
-        "stepping": num("stepping"), "arm_part": c0.get("CPU part"), "machine": platform.machine(),
-        "simd": [f for f in SIMD_FLAGS if f in flags], "hypervisor": "hypervisor" in flags,
-        "logical_cores": logical, "physical_cores": len(physical) or None, "usable_cores": usable,
-        "clock_mhz": mhz, "clock_source": clock_src, "fp32_flops_per_cycle": fpc,
-        "fp32_peak_assumption": assumption, "fp32_peak_gflops_estimate": peak, "peak_cores": cores,
+        "model_name": name,
+        "vendor": vendor,
+        "family": num("cpu family"),
+        "model": num("model"),
+        "stepping": num("stepping"),
+        "arm_part": c0.get("CPU part"),
+        "machine": platform.machine(),
+        "simd": [f for f in SIMD_FLAGS if f in flags],
+        "hypervisor": "hypervisor" in flags,
+        "logical_cores": logical,
+        "physical_cores": len(physical) or None,
+        "usable_cores": usable,
+        "clock_mhz": mhz,
+        "clock_source": clock_src,
+        "fp32_flops_per_cycle": fpc,
+        "fp32_peak_assumption": assumption,
+        "fp32_peak_gflops_estimate": peak,
+        "peak_cores": cores,
     }
 
 
 def summary(d: dict) -> str:
     """One Markdown sentence for a report header."""
-    fam = (f"family {d['family']} model {d['model']} stepping {d['stepping']}"
-           if d["family"] is not None else (f"part {d['arm_part']}" if d["arm_part"] else ""))
+    fam = (
+        f"family {d['family']} model {d['model']} stepping {d['stepping']}"
+        if d["family"] is not None
+        else (f"part {d['arm_part']}" if d["arm_part"] else "")
+    )
     peak = d["fp32_peak_gflops_estimate"]
     return (
         f"CPU: {d['model_name']} ({d['vendor']} {fam}{', VM' if d['hypervisor'] else ''}); "
@@ -165,10 +202,17 @@ def _timed(fn) -> float:
 def measured_peaks(threads: int | None = None, sizes=(1024, 2048), reps: int = 5) -> dict:
     """NumPy's and (when installed) torch's GEMM peaks, torch in a separate process."""
     res = {"numpy": gemm_peak("numpy", sizes, reps, threads)}
-    code = (f"import json, benchmarks.machine as m; "
-            f"print(json.dumps(m.gemm_peak('torch', {tuple(sizes)!r}, {reps}, {threads!r})))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=False, cwd=os.path.dirname(os.path.dirname(__file__)))
+    code = (
+        f"import json, benchmarks.machine as m; "
+        f"print(json.dumps(m.gemm_peak('torch', {tuple(sizes)!r}, {reps}, {threads!r})))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     res["torch"] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
     return res
 

@@ -83,8 +83,11 @@ class OpProfiler:
             first = t.grad is None
             s = time.perf_counter()
             orig_leaf(t, g)
-            key = ("(tape) leaf .grad " + ("store" if first else "accumulate"), "backward",
-                   _shape_key([g]))
+            key = (
+                "(tape) leaf .grad " + ("store" if first else "accumulate"),
+                "backward",
+                _shape_key([g]),
+            )
             self.time[key] += time.perf_counter() - s
             self.calls[key] += 1
 
@@ -112,8 +115,9 @@ class OpProfiler:
             prof.time[key] += dt
             prof.calls[key] += 1
             outs = out if isinstance(out, tuple) else (out,)
-            if any(a.dtype == "float64" for a in _arrays(outs)) or \
-                    any(a.dtype == "float64" for a in _arrays(args)):
+            if any(a.dtype == "float64" for a in _arrays(outs)) or any(
+                a.dtype == "float64" for a in _arrays(args)
+            ):
                 prof.f64[key] += 1
             if phase == "forward":
                 for v in vars(self_).values():
@@ -137,12 +141,16 @@ def _shape_key(args) -> str:
     parts = []
     for a in args:
         if hasattr(a, "shape") and hasattr(a, "dtype"):
-            parts.append("x".join(map(str, a.shape)) + ("" if a.dtype == "float32" else f":{a.dtype}"))
+            parts.append(
+                "x".join(map(str, a.shape)) + ("" if a.dtype == "float32" else f":{a.dtype}")
+            )
     return " ".join(parts)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.profile", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--shape", default="gpt2-124M", choices=list(SHAPES))
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (after 2 warm-up steps)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -194,24 +202,31 @@ def main(argv=None) -> None:
     prof.uninstall()
     n = args.steps + 1
     blas = ", ".join(f"{b['internal_api']} {b['architecture']}" for b in blas_info())
-    print(f"# tensorgrad step profile: {args.shape} (L={L}, H={H}, C={C}, B={B}, T={T}, V={V}),"
-          f" {args.threads} threads, BLAS {blas}, {n} steps\n")
+    print(
+        f"# tensorgrad step profile: {args.shape} (L={L}, H={H}, C={C}, B={B}, T={T}, V={V}),"
+        f" {args.threads} threads, BLAS {blas}, {n} steps\n"
+    )
     tot = np.median(phase_t["total"])
     print("| phase | ms/step (median) |\n|---|---|")
     for k, v in phase_t.items():
         print(f"| {k} | {np.median(v) * 1e3:.1f} |")
     op_total = sum(prof.time.values()) / n
-    print(f"\nTime inside op forward/backward + accumulation: {op_total * 1e3:.0f} ms/step of "
-          f"{tot * 1e3:.0f} (the rest: Python glue, tape bookkeeping, AdamW).\n")
+    print(
+        f"\nTime inside op forward/backward + accumulation: {op_total * 1e3:.0f} ms/step of "
+        f"{tot * 1e3:.0f} (the rest: Python glue, tape bookkeeping, AdamW).\n"
+    )
     rows = sorted(prof.time, key=prof.time.get, reverse=True)
     print("| op | phase | input shapes | calls/step | ms/step | % step | saved for bwd MB/step |")
     print("|---|---|---|---|---|---|---|")
     for k in rows[: args.top]:
-        print(f"| {k[0]} | {k[1]} | {k[2]} | {prof.calls[k] / n:.0f} | {prof.time[k] / n * 1e3:.1f} "
-              f"| {100 * prof.time[k] / n / tot:.1f} | "
-              f"{prof.saved[k] / n / 2**20:.1f} |" if prof.saved[k] else
-              f"| {k[0]} | {k[1]} | {k[2]} | {prof.calls[k] / n:.0f} | {prof.time[k] / n * 1e3:.1f} "
-              f"| {100 * prof.time[k] / n / tot:.1f} | |")
+        print(
+            f"| {k[0]} | {k[1]} | {k[2]} | {prof.calls[k] / n:.0f} | {prof.time[k] / n * 1e3:.1f} "
+            f"| {100 * prof.time[k] / n / tot:.1f} | "
+            f"{prof.saved[k] / n / 2**20:.1f} |"
+            if prof.saved[k]
+            else f"| {k[0]} | {k[1]} | {k[2]} | {prof.calls[k] / n:.0f} | {prof.time[k] / n * 1e3:.1f} "
+            f"| {100 * prof.time[k] / n / tot:.1f} | |"
+        )
     by_op = defaultdict(float)
     for k, v in prof.time.items():
         by_op[(k[0], k[1])] += v
@@ -222,17 +237,27 @@ def main(argv=None) -> None:
     for k, v in prof.saved.items():
         saved[k[0]] += v
     total_saved = sum(saved.values()) / n
-    print(f"\nArrays kept alive for backward (parameters excluded, each array and the base of "
-          f"each view counted once, under the first op that saved it): {total_saved / 2**20:.0f} "
-          "MB per step; by op:")
+    print(
+        f"\nArrays kept alive for backward (parameters excluded, each array and the base of "
+        f"each view counted once, under the first op that saved it): {total_saved / 2**20:.0f} "
+        "MB per step; by op:"
+    )
     print("\n| op | MB/step |\n|---|---|")
     for k in sorted(saved, key=saved.get, reverse=True)[:12]:
         print(f"| {k} | {saved[k] / n / 2**20:.1f} |")
-    print(f"\nResident set: peak growth over one step {mem['peak_growth_mb']:.0f} MB "
-          f"(RSS before {mem['rss_before_mb']:.0f} MB; params+grads+moments included there).")
+    print(
+        f"\nResident set: peak growth over one step {mem['peak_growth_mb']:.0f} MB "
+        f"(RSS before {mem['rss_before_mb']:.0f} MB; params+grads+moments included there)."
+    )
     f64 = {k: v for k, v in prof.f64.items()}
-    print("\nfloat64 arrays: " + ("none seen" if not f64 else
-          "; ".join(f"{k[0]}.{k[1]} {k[2]} ({v // n}/step)" for k, v in f64.items())))
+    print(
+        "\nfloat64 arrays: "
+        + (
+            "none seen"
+            if not f64
+            else "; ".join(f"{k[0]}.{k[1]} {k[2]} ({v // n}/step)" for k, v in f64.items())
+        )
+    )
     if args.cprofile:
         import cProfile
         import pstats

@@ -29,19 +29,36 @@ SECTIONS = ("train", "ops", "memory", "scaling", "generate")
 # tensorgrad applies with tune_cpu_malloc(), as gpt-train and the benchmark worker do
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 MALLOC_SUFFIX = "+malloc"  # the other malloc setting than the framework's default
-FLOPS_FORMULA = "6·N + 12·L·H·Q·T per token (N non-embedding params, L layers, H heads, Q head size)"
+FLOPS_FORMULA = (
+    "6·N + 12·L·H·Q·T per token (N non-embedding params, L layers, H heads, Q head size)"
+)
 
 
 def plan(args) -> dict:
     """What to measure: the full run, or --quick (fewer lengths, repetitions and tokens)."""
     if args.quick:
-        return dict(reps=args.reps or 2, op_reps=args.reps or 2, min_rep_s=0.02,
-                    malloc_variant=False,
-                    gemm_sizes=[2048], scale_Ts=[64, 256], gen_contexts=[64, 256], n_new=4,
-                    gen_rounds=1)
-    return dict(reps=args.reps or 5, op_reps=args.reps or 5, min_rep_s=0.1, malloc_variant=True,
-                gemm_sizes=[2048, 4096], scale_Ts=[64, 128, 256, 512, 1024],
-                gen_contexts=[64, 128, 256, 512], n_new=8, gen_rounds=2)
+        return dict(
+            reps=args.reps or 2,
+            op_reps=args.reps or 2,
+            min_rep_s=0.02,
+            malloc_variant=False,
+            gemm_sizes=[2048],
+            scale_Ts=[64, 256],
+            gen_contexts=[64, 256],
+            n_new=4,
+            gen_rounds=1,
+        )
+    return dict(
+        reps=args.reps or 5,
+        op_reps=args.reps or 5,
+        min_rep_s=0.1,
+        malloc_variant=True,
+        gemm_sizes=[2048, 4096],
+        scale_Ts=[64, 128, 256, 512, 1024],
+        gen_contexts=[64, 128, 256, 512],
+        n_new=8,
+        gen_rounds=2,
+    )
 
 
 # ----------------------------------------------------------------------------- workers
@@ -77,10 +94,13 @@ class Runner:
         label += f" ({tag})" if tag else ""
         self.wait_quiet(label)
         w = self.waits[-1]
-        print(f"[{time.perf_counter() - self.t0:6.0f} s] {label}"
-              + (f"  (waited {w[1]:.0f} s for a quieter machine)" if w[1] else "")
-              + (f"  (other processes busy: {w[2]:.1f} cores)" if w[2] > 0.25 else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"[{time.perf_counter() - self.t0:6.0f} s] {label}"
+            + (f"  (waited {w[1]:.0f} s for a quieter machine)" if w[1] else "")
+            + (f"  (other processes busy: {w[2]:.1f} cores)" if w[2] > 0.25 else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         env = dict(env or self.env)
         if fw == TORCH:
             # the torch worker imports tensorgrad to seed its weights: keep tensorgrad's
@@ -91,12 +111,17 @@ class Runner:
         try:
             p = subprocess.run(
                 [sys.executable, "-m", "benchmarks.worker", json.dumps(spec), out],
-                cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
                 timeout=self.args.timeout,
             )
             if p.returncode != 0:
-                raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr else
-                                   f"exit code {p.returncode}")
+                raise RuntimeError(
+                    p.stderr.strip().splitlines()[-1] if p.stderr else f"exit code {p.returncode}"
+                )
             with open(out) as f:
                 res = json.load(f)
         except Exception as e:  # noqa: BLE001 - one failed measurement must not end the run
@@ -178,8 +203,11 @@ def report(R: dict) -> str:
 
         out.append("\n" + summary(m["machine"]))
     wb = get(R, "workers", TG, "blas") or []
-    kern = ", ".join(f"{b['internal_api']} {b['version']} kernel {b['architecture']}"
-                     for b in wb if b.get("internal_api") == "openblas")
+    kern = ", ".join(
+        f"{b['internal_api']} {b['version']} kernel {b['architecture']}"
+        for b in wb
+        if b.get("internal_api") == "openblas"
+    )
     out.append(f"\nNumPy BLAS in the workers: {kern or '-'}.")
     if m["blas_env_removed"]:
         given = get(R, "gemm", "env_as_given", "peak_gflops")
@@ -200,9 +228,12 @@ def report(R: dict) -> str:
         f"\nfloat32 GEMM peak (best repetition of n×n @ n×n, n in {m['plan']['gemm_sizes']}): "
         f"NumPy **{fmt(peak)} "
         f"GFLOP/s**, torch {fmt(tpeak)} GFLOP/s"
-        + (f" ({fmt(100 * peak / est)}% and {fmt(tpeak and 100 * tpeak / est)}% of the "
-           "estimated peak)" if (est := get(m, "machine", "fp32_peak_gflops_estimate"))
-           and peak else "")
+        + (
+            f" ({fmt(100 * peak / est)}% and {fmt(tpeak and 100 * tpeak / est)}% of the "
+            "estimated peak)"
+            if (est := get(m, "machine", "fp32_peak_gflops_estimate")) and peak
+            else ""
+        )
         + ". MFU = model FLOPs per step / step time / "
         f"NumPy peak, with model FLOPs = ({FLOPS_FORMULA})·B·T (gpt.model.GPT."
         "estimate_flops_per_token)."
@@ -229,53 +260,131 @@ def report(R: dict) -> str:
             mfb = None if tb is None or not peak else 100 * flops / tb / (peak * 1e9)
             dl = None if a is None or b is None else abs(a["loss0"] - b["loss0"])
             dl1 = None if a is None or b is None else abs(a["loss1"] - b["loss1"])
-            rows.append([
-                shape, f"{L}/{H}/{C}, V={V}", f"{B}×{T}",
-                ms(ta) + noisy(a), ms(tb) + noisy(b), ratio(ta, tb),
-                fmt(ta and B * T / ta), fmt(tb and B * T / tb),
-                fmt(mfa, 1, "%"), fmt(mfb, 1, "%"),
-                f"{get(a, 'loss0') or get(b, 'loss0'):.4f}" if (a or b) else "-",
-                "-" if dl is None else f"{dl:.1e}", "-" if dl1 is None else f"{dl1:.1e}",
-            ])
-            rows2.append([shape, ms(get(a, "fwd_s")), ms(get(b, "fwd_s")), ms(get(a, "bwd_s")),
-                          ms(get(b, "bwd_s")), ms(get(a, "opt_s")), ms(get(b, "opt_s")),
-                          ratio(get(a, "fwd_s"), get(b, "fwd_s")),
-                          ratio(get(a, "bwd_s"), get(b, "bwd_s")),
-                          ratio(get(a, "opt_s"), get(b, "opt_s"))])
+            rows.append(
+                [
+                    shape,
+                    f"{L}/{H}/{C}, V={V}",
+                    f"{B}×{T}",
+                    ms(ta) + noisy(a),
+                    ms(tb) + noisy(b),
+                    ratio(ta, tb),
+                    fmt(ta and B * T / ta),
+                    fmt(tb and B * T / tb),
+                    fmt(mfa, 1, "%"),
+                    fmt(mfb, 1, "%"),
+                    f"{get(a, 'loss0') or get(b, 'loss0'):.4f}" if (a or b) else "-",
+                    "-" if dl is None else f"{dl:.1e}",
+                    "-" if dl1 is None else f"{dl1:.1e}",
+                ]
+            )
+            rows2.append(
+                [
+                    shape,
+                    ms(get(a, "fwd_s")),
+                    ms(get(b, "fwd_s")),
+                    ms(get(a, "bwd_s")),
+                    ms(get(b, "bwd_s")),
+                    ms(get(a, "opt_s")),
+                    ms(get(b, "opt_s")),
+                    ratio(get(a, "fwd_s"), get(b, "fwd_s")),
+                    ratio(get(a, "bwd_s"), get(b, "bwd_s")),
+                    ratio(get(a, "opt_s"), get(b, "opt_s")),
+                ]
+            )
         out.append("\n## 1-2. Training step (forward + backward + AdamW), MFU\n")
-        out.append(table(
-            ["model", "L/H/C", "B×T", "tg ms/step", "torch ms/step", "tg/torch",
-             "tg tok/s", "torch tok/s", "tg MFU", "torch MFU", "loss step 0", "|Δloss| 0",
-             "|Δloss| 1"],
-            rows))
+        out.append(
+            table(
+                [
+                    "model",
+                    "L/H/C",
+                    "B×T",
+                    "tg ms/step",
+                    "torch ms/step",
+                    "tg/torch",
+                    "tg tok/s",
+                    "torch tok/s",
+                    "tg MFU",
+                    "torch MFU",
+                    "loss step 0",
+                    "|Δloss| 0",
+                    "|Δloss| 1",
+                ],
+                rows,
+            )
+        )
         if any(MALLOC_SUFFIX in k for d in tr.values() for k in d):
             tg_tunes = get(R, "workers", TG, "tg_malloc_tuned")
             rows3 = []
             for shape, d in tr.items():
-                a_t, a_g = (d.get(TG), d.get(TG + MALLOC_SUFFIX)) if tg_tunes else \
-                    (d.get(TG + MALLOC_SUFFIX), d.get(TG))
+                a_t, a_g = (
+                    (d.get(TG), d.get(TG + MALLOC_SUFFIX))
+                    if tg_tunes
+                    else (d.get(TG + MALLOC_SUFFIX), d.get(TG))
+                )
                 b_g, b_t = d.get(TORCH), d.get(TORCH + MALLOC_SUFFIX)
-                t = {k: get(r, "median_s") for k, r in
-                     (("ag", a_g), ("at", a_t), ("bg", b_g), ("bt", b_t))}
-                rows3.append([shape, ms(t["ag"]) + noisy(a_g), ms(t["at"]) + noisy(a_t),
-                              ratio(t["at"], t["ag"]), ms(t["bg"]) + noisy(b_g),
-                              ms(t["bt"]) + noisy(b_t), ratio(t["bt"], t["bg"]),
-                              ratio(t["ag"], t["bg"]), ratio(t["at"], t["bt"])])
+                t = {
+                    k: get(r, "median_s")
+                    for k, r in (("ag", a_g), ("at", a_t), ("bg", b_g), ("bt", b_t))
+                }
+                rows3.append(
+                    [
+                        shape,
+                        ms(t["ag"]) + noisy(a_g),
+                        ms(t["at"]) + noisy(a_t),
+                        ratio(t["at"], t["ag"]),
+                        ms(t["bg"]) + noisy(b_g),
+                        ms(t["bt"]) + noisy(b_t),
+                        ratio(t["bt"], t["bg"]),
+                        ratio(t["ag"], t["bg"]),
+                        ratio(t["at"], t["bt"]),
+                    ]
+                )
             env_txt = " ".join(f"{k}={v}" for k, v in MALLOC_TUNED.items())
             out.append(
                 "\nglibc malloc: by default it hands freed arrays above a dynamic threshold back "
                 "to the OS, and the next step page-faults them in again. *Tuned* keeps arrays up "
                 f"to 32 MiB and 1 GiB of free heap ({env_txt}; tensorgrad "
                 f"{'applies this itself at import' if tg_tunes else 'does not tune malloc here'}"
-                "; TG_MALLOC_TUNING=0 gives it glibc's default):\n")
-            out.append(table(["model", "tg glibc default", "tg tuned", "tuned/default",
-                              "torch glibc default", "torch tuned", "tuned/default",
-                              "tg/torch, both default", "tg/torch, both tuned"], rows3))
-        out.append("\n|Δloss| 0 and 1: the two frameworks' losses at the first step and after "
-                   "one AdamW step, from the same weights and batch.")
+                "; TG_MALLOC_TUNING=0 gives it glibc's default):\n"
+            )
+            out.append(
+                table(
+                    [
+                        "model",
+                        "tg glibc default",
+                        "tg tuned",
+                        "tuned/default",
+                        "torch glibc default",
+                        "torch tuned",
+                        "tuned/default",
+                        "tg/torch, both default",
+                        "tg/torch, both tuned",
+                    ],
+                    rows3,
+                )
+            )
+        out.append(
+            "\n|Δloss| 0 and 1: the two frameworks' losses at the first step and after "
+            "one AdamW step, from the same weights and batch."
+        )
         out.append("\nPhases of the step (ms, medians):\n")
-        out.append(table(["model", "tg fwd", "torch fwd", "tg bwd", "torch bwd", "tg AdamW",
-                          "torch AdamW", "fwd ratio", "bwd ratio", "AdamW ratio"], rows2))
+        out.append(
+            table(
+                [
+                    "model",
+                    "tg fwd",
+                    "torch fwd",
+                    "tg bwd",
+                    "torch bwd",
+                    "tg AdamW",
+                    "torch AdamW",
+                    "fwd ratio",
+                    "bwd ratio",
+                    "AdamW ratio",
+                ],
+                rows2,
+            )
+        )
 
     ops = R.get("ops")
     if ops:
@@ -285,15 +394,38 @@ def report(R: dict) -> str:
             x, y = a.get(name), b.get(name)
             xf, yf = get(x, "fwd", "median_s"), get(y, "fwd", "median_s")
             xb, yb = get(x, "fwd_bwd", "median_s"), get(y, "fwd_bwd", "median_s")
-            rows.append([name, (x or y)["shape"], ms(xf, 2) + noisy(get(x, "fwd")),
-                         ms(yf, 2) + noisy(get(y, "fwd")), ratio(xf, yf),
-                         ms(xb, 2) + noisy(get(x, "fwd_bwd")),
-                         ms(yb, 2) + noisy(get(y, "fwd_bwd")), ratio(xb, yb)])
+            rows.append(
+                [
+                    name,
+                    (x or y)["shape"],
+                    ms(xf, 2) + noisy(get(x, "fwd")),
+                    ms(yf, 2) + noisy(get(y, "fwd")),
+                    ratio(xf, yf),
+                    ms(xb, 2) + noisy(get(x, "fwd_bwd")),
+                    ms(yb, 2) + noisy(get(y, "fwd_bwd")),
+                    ratio(xb, yb),
+                ]
+            )
         out.append("\n## 3. Single ops, forward and forward + backward (ms per call)\n")
-        out.append(table(["op", "shape", "tg fwd", "torch fwd", "fwd ratio", "tg fwd+bwd",
-                          "torch fwd+bwd", "fwd+bwd ratio"], rows))
-        out.append("\n(adamw step: one optimizer step over gpt2-124M's parameters, "
-                   "torch.optim.AdamW with its default implementation on CPU.)")
+        out.append(
+            table(
+                [
+                    "op",
+                    "shape",
+                    "tg fwd",
+                    "torch fwd",
+                    "fwd ratio",
+                    "tg fwd+bwd",
+                    "torch fwd+bwd",
+                    "fwd+bwd ratio",
+                ],
+                rows,
+            )
+        )
+        out.append(
+            "\n(adamw step: one optimizer step over gpt2-124M's parameters, "
+            "torch.optim.AdamW with its default implementation on CPU.)"
+        )
 
     mem = R.get("memory")
     if mem:
@@ -301,25 +433,28 @@ def report(R: dict) -> str:
         key = f"{SHAPES['gpt2-124M'][4]}x{SHAPES['gpt2-124M'][3]}"
         sa, sb = get(a, "steps", key), get(b, "steps", key)
         rows = []
-        for label, k in [("params + AdamW moments (RSS before the step)", None),
-                         ("peak growth during the step", "peak_growth_mb"),
-                         ("peak growth, first step (allocates AdamW moments)",
-                          "first_peak_growth_mb"),
-                         ("process peak above the imports", "peak_above_import_mb")]:
+        for label, k in [
+            ("params + AdamW moments (RSS before the step)", None),
+            ("peak growth during the step", "peak_growth_mb"),
+            ("peak growth, first step (allocates AdamW moments)", "first_peak_growth_mb"),
+            ("process peak above the imports", "peak_above_import_mb"),
+        ]:
             if k is None:
                 va = sa and sa["rss_before_mb"] - a["rss_import_mb"]
                 vb = sb and sb["rss_before_mb"] - b["rss_import_mb"]
             else:
                 va, vb = get(sa, k), get(sb, k)
             rows.append([label, fmt(va), fmt(vb), ratio(va, vb)])
-        out.append(f"\n## 4a. Memory of one gpt2-124M training step (B×T = "
-                   f"{key.replace('x', '×')}), MB\n")
+        out.append(
+            f"\n## 4a. Memory of one gpt2-124M training step (B×T = {key.replace('x', '×')}), MB\n"
+        )
         out.append(table(["", "tensorgrad", "torch", "tg/torch"], rows))
         out.append(
             "\nResident set (VmRSS/VmHWM from /proc/self/status; the high-water mark is reset "
             "before the step), one process per framework running with "
             "MALLOC_MMAP_THRESHOLD_=65536 so freed arrays return to the OS. 'Peak growth' is "
-            "activations + gradients + temporaries on top of parameters and AdamW state.")
+            "activations + gradients + temporaries on top of parameters and AdamW state."
+        )
 
     sc = R.get("scaling")
     if sc:
@@ -330,13 +465,39 @@ def report(R: dict) -> str:
             x, y = a.get(str(T)), b.get(str(T))
             ta, tb = get(x, "median_s"), get(y, "median_s")
             pa, pb = get(ma, f"1x{T}", "peak_growth_mb"), get(mb, f"1x{T}", "peak_growth_mb")
-            rows.append([T, fmt(ta and ta * 1e3) + noisy(x), fmt(tb and tb * 1e3) + noisy(y),
-                         ratio(ta, tb),
-                         fmt(ta and T / ta), fmt(tb and T / tb), fmt(pa), fmt(pb), ratio(pa, pb)])
-        out.append(f"\n## 4b. Scaling with sequence length: gpt2-124M, B=1, block_size "
-                   f"{max(m['plan']['scale_Ts'])}\n")
-        out.append(table(["T", "tg ms/step", "torch ms/step", "tg/torch", "tg tok/s",
-                          "torch tok/s", "tg step MB", "torch step MB", "MB ratio"], rows))
+            rows.append(
+                [
+                    T,
+                    fmt(ta and ta * 1e3) + noisy(x),
+                    fmt(tb and tb * 1e3) + noisy(y),
+                    ratio(ta, tb),
+                    fmt(ta and T / ta),
+                    fmt(tb and T / tb),
+                    fmt(pa),
+                    fmt(pb),
+                    ratio(pa, pb),
+                ]
+            )
+        out.append(
+            f"\n## 4b. Scaling with sequence length: gpt2-124M, B=1, block_size "
+            f"{max(m['plan']['scale_Ts'])}\n"
+        )
+        out.append(
+            table(
+                [
+                    "T",
+                    "tg ms/step",
+                    "torch ms/step",
+                    "tg/torch",
+                    "tg tok/s",
+                    "torch tok/s",
+                    "tg step MB",
+                    "torch step MB",
+                    "MB ratio",
+                ],
+                rows,
+            )
+        )
 
     gen = R.get("generate")
     if gen:
@@ -345,28 +506,63 @@ def report(R: dict) -> str:
         for c in m["plan"]["gen_contexts"]:
             ac, an = get(a, f"{c}/cache", "tokens_per_s"), get(a, f"{c}/nocache", "tokens_per_s")
             bc, bn = get(b, f"{c}/cache", "tokens_per_s"), get(b, f"{c}/nocache", "tokens_per_s")
-            rows.append([c, fmt(ac), fmt(an), ratio(ac, an), fmt(bc), fmt(bn), ratio(bc, bn),
-                         ratio(bc, ac), ms(get(a, f"{c}/cache", "prefill_s")),
-                         ms(get(b, f"{c}/cache", "prefill_s"))])
-        out.append(f"\n## 5. Generation: gpt2-124M, batch 1, greedy, {m['plan']['n_new']} new "
-                   f"tokens after a prompt of `context` tokens, {m['plan']['gen_rounds']} round(s) "
-                   "(decode tokens/s: median over the later tokens; prefill: the first token, "
-                   "best round)\n")
-        out.append(table(["context", "tg cached", "tg uncached", "tg speedup", "torch cached",
-                          "torch uncached", "torch speedup", "tg/torch time (cached)",
-                          "tg prefill ms", "torch prefill ms"], rows))
+            rows.append(
+                [
+                    c,
+                    fmt(ac),
+                    fmt(an),
+                    ratio(ac, an),
+                    fmt(bc),
+                    fmt(bn),
+                    ratio(bc, bn),
+                    ratio(bc, ac),
+                    ms(get(a, f"{c}/cache", "prefill_s")),
+                    ms(get(b, f"{c}/cache", "prefill_s")),
+                ]
+            )
+        out.append(
+            f"\n## 5. Generation: gpt2-124M, batch 1, greedy, {m['plan']['n_new']} new "
+            f"tokens after a prompt of `context` tokens, {m['plan']['gen_rounds']} round(s) "
+            "(decode tokens/s: median over the later tokens; prefill: the first token, "
+            "best round)\n"
+        )
+        out.append(
+            table(
+                [
+                    "context",
+                    "tg cached",
+                    "tg uncached",
+                    "tg speedup",
+                    "torch cached",
+                    "torch uncached",
+                    "torch speedup",
+                    "tg/torch time (cached)",
+                    "tg prefill ms",
+                    "torch prefill ms",
+                ],
+                rows,
+            )
+        )
         c = max(m["plan"]["gen_contexts"])
         ac, an = get(a, f"{c}/cache", "tokens_per_s"), get(a, f"{c}/nocache", "tokens_per_s")
         if ac and an:
-            out.append(f"\nKV cache speedup at context {c}: tensorgrad **{ac / an:.1f}×**"
-                       + (f", torch {get(b, f'{c}/cache', 'tokens_per_s') / get(b, f'{c}/nocache', 'tokens_per_s'):.1f}×"
-                          if get(b, f"{c}/nocache", "tokens_per_s") else "") + ".")
+            out.append(
+                f"\nKV cache speedup at context {c}: tensorgrad **{ac / an:.1f}×**"
+                + (
+                    f", torch {get(b, f'{c}/cache', 'tokens_per_s') / get(b, f'{c}/nocache', 'tokens_per_s'):.1f}×"
+                    if get(b, f"{c}/nocache", "tokens_per_s")
+                    else ""
+                )
+                + "."
+            )
 
     if R.get("errors"):
         out.append("\n## Errors\n")
         out += [f"- {e}" for e in R["errors"]]
-    out.append(f"\nTotal time {m['wall_s']:.0f} s. Ratios are tensorgrad/PyTorch (lower is "
-               "better for tensorgrad).")
+    out.append(
+        f"\nTotal time {m['wall_s']:.0f} s. Ratios are tensorgrad/PyTorch (lower is "
+        "better for tensorgrad)."
+    )
     return "\n".join(out)
 
 
@@ -405,10 +601,17 @@ def plots(R: dict, stem: Path) -> list:
             pts = sorted((v["T"], v["peak_growth_mb"]) for v in steps.values() if v["B"] == 1)
             if pts:
                 ax2.plot(*zip(*pts), style, label=fw)
-        for ax, title, yl in ((ax1, "training step time", "ms / step"),
-                              (ax2, "memory of one training step", "peak RSS growth, MB")):
-            ax.set(xscale="log", yscale="log" if ax is ax1 else "linear",
-                   xlabel="sequence length T", ylabel=yl, title=f"gpt2-124M, B=1: {title}")
+        for ax, title, yl in (
+            (ax1, "training step time", "ms / step"),
+            (ax2, "memory of one training step", "peak RSS growth, MB"),
+        ):
+            ax.set(
+                xscale="log",
+                yscale="log" if ax is ax1 else "linear",
+                xlabel="sequence length T",
+                ylabel=yl,
+                title=f"gpt2-124M, B=1: {title}",
+            )
             axes(ax, R["meta"]["plan"]["scale_Ts"])
         fig.tight_layout()
         files.append(stem.with_name(stem.name + "-scaling.png"))
@@ -420,13 +623,25 @@ def plots(R: dict, stem: Path) -> list:
         for fw, mk, color in ((TG, "o", "C0"), (TORCH, "s", "C1")):
             d = gen.get(fw) or {}
             for k, ls in (("cache", "-"), ("nocache", "--")):
-                pts = sorted((v["context"], v["tokens_per_s"]) for v in d.values()
-                             if v["use_cache"] == (k == "cache"))
+                pts = sorted(
+                    (v["context"], v["tokens_per_s"])
+                    for v in d.values()
+                    if v["use_cache"] == (k == "cache")
+                )
                 if pts:
-                    ax.plot(*zip(*pts), mk + ls, color=color,
-                            label=f"{fw}, {'KV cache' if k == 'cache' else 'no cache'}")
-        ax.set(xscale="log", yscale="log", xlabel="context (prompt tokens)",
-               ylabel="decode tokens / s", title="gpt2-124M generation, batch 1")
+                    ax.plot(
+                        *zip(*pts),
+                        mk + ls,
+                        color=color,
+                        label=f"{fw}, {'KV cache' if k == 'cache' else 'no cache'}",
+                    )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="context (prompt tokens)",
+            ylabel="decode tokens / s",
+            title="gpt2-124M generation, batch 1",
+        )
         axes(ax, R["meta"]["plan"]["gen_contexts"])
         fig.tight_layout()
         files.append(stem.with_name(stem.name + "-generate.png"))
@@ -446,11 +661,18 @@ def machine_meta(args) -> dict:
     except ImportError:
         physical, mem = None, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=False).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "tensorgrad", "gpt"],
-                                    cwd=ROOT, capture_output=True, text=True,
-                                    check=False).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "tensorgrad", "gpt"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = None, None
     torch_version = None
@@ -461,15 +683,27 @@ def machine_meta(args) -> dict:
     parent_blas = blas_info()
     from .machine import describe
 
-    return dict(machine=describe(),
-        date=dt.datetime.now().isoformat(timespec="seconds"), cpu=cpu_model(),
-        logical_cores=os.cpu_count(), physical_cores=physical, mem_gib=mem / 2**30,
-        threads=args.threads, tg_threads=args.tg_threads, python=platform.python_version(), platform=platform.platform(),
-        numpy=np.__version__, torch=torch_version, git_commit=commit,
-        git_dirty_tensorgrad_gpt=dirty, argv=sys.argv[1:], loadavg_start=os.getloadavg(),
+    return dict(
+        machine=describe(),
+        date=dt.datetime.now().isoformat(timespec="seconds"),
+        cpu=cpu_model(),
+        logical_cores=os.cpu_count(),
+        physical_cores=physical,
+        mem_gib=mem / 2**30,
+        threads=args.threads,
+        tg_threads=args.tg_threads,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        numpy=np.__version__,
+        torch=torch_version,
+        git_commit=commit,
+        git_dirty_tensorgrad_gpt=dirty,
+        argv=sys.argv[1:],
+        loadavg_start=os.getloadavg(),
         parent_blas=parent_blas,
-        parent_blas_kernel=next((b["architecture"] for b in parent_blas
-                                 if b["internal_api"] == "openblas"), None),
+        parent_blas_kernel=next(
+            (b["architecture"] for b in parent_blas if b["internal_api"] == "openblas"), None
+        ),
     )
 
 
@@ -489,28 +723,48 @@ def noise_summary(R: dict) -> dict | None:
         return None
     from .common import NOISY_CORES
 
-    return dict(median_cores=statistics.median(cores), threshold=NOISY_CORES,
-                noisy_pct=100 * sum(c > NOISY_CORES for c in cores) / len(cores), n=len(cores))
+    return dict(
+        median_cores=statistics.median(cores),
+        threshold=NOISY_CORES,
+        noisy_pct=100 * sum(c > NOISY_CORES for c in cores) / len(cores),
+        n=len(cores),
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="a ~2 minute run: fewer lengths and reps")
-    ap.add_argument("--only", default=",".join(SECTIONS),
-                    help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    ap.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections out of {','.join(SECTIONS)}",
+    )
     ap.add_argument("--reps", type=int, default=None, help="repetitions per figure (5; quick 2-3)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per framework")
-    ap.add_argument("--tg-threads", type=int, default=None,
-                    help="TG_NUM_THREADS for tensorgrad's elementwise passes (default: "
-                    "tensorgrad's own default, 1)")
+    ap.add_argument(
+        "--tg-threads",
+        type=int,
+        default=None,
+        help="TG_NUM_THREADS for tensorgrad's elementwise passes (default: "
+        "tensorgrad's own default, 1)",
+    )
     ap.add_argument("--shapes", default=",".join(SHAPES), help="training-step models")
     ap.add_argument("--no-torch", action="store_true", help="tensorgrad only")
-    ap.add_argument("--keep-blas-env", action="store_true",
-                    help=f"keep {' and '.join(BLAS_ENV_VARS)} for the workers")
+    ap.add_argument(
+        "--keep-blas-env",
+        action="store_true",
+        help=f"keep {' and '.join(BLAS_ENV_VARS)} for the workers",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--wait-budget", type=float, default=None,
-                    help="seconds in all to wait for other processes to go quiet before "
-                    "starting workers (120; quick 0)")
+    ap.add_argument(
+        "--wait-budget",
+        type=float,
+        default=None,
+        help="seconds in all to wait for other processes to go quiet before "
+        "starting workers (120; quick 0)",
+    )
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker process")
     args = ap.parse_args(argv)
     if args.wait_budget is None:
@@ -539,9 +793,11 @@ def main(argv=None) -> int:
     time.sleep(1.0)
     meta["others_cores_at_start"] = busy = (_cpu_jiffies()[0] - j0[0]) / os.sysconf("SC_CLK_TCK")
     if busy > 0.5 and args.threads > 1:
-        print(f"warning: other processes keep {busy:.1f} cores busy; {args.threads}-thread BLAS "
-              "and OpenMP pools slow down many times over when a core is taken (try --threads 1)",
-              file=sys.stderr)
+        print(
+            f"warning: other processes keep {busy:.1f} cores busy; {args.threads}-thread BLAS "
+            "and OpenMP pools slow down many times over when a core is taken (try --threads 1)",
+            file=sys.stderr,
+        )
     R = {"meta": meta}
 
     # GEMM peak, always: MFU needs it
@@ -550,45 +806,72 @@ def main(argv=None) -> int:
         r = run("gemm", fw, sizes=P["gemm_sizes"], reps=P["op_reps"])
         if r:
             # the best repetition: background load can only slow a GEMM down
-            R["gemm"][fw] = dict(r, peak_gflops=max(2 * int(n) ** 3 / v["min_s"] / 1e9
-                                                    for n, v in r.items()))
+            R["gemm"][fw] = dict(
+                r, peak_gflops=max(2 * int(n) ** 3 / v["min_s"] / 1e9 for n, v in r.items())
+            )
     if removed:  # document what the removed variables cost NumPy
         given = dict(env, **removed)
-        r = run("gemm", TG, env=given, tag="BLAS env as given", sizes=P["gemm_sizes"][:1],
-                reps=P["op_reps"])
+        r = run(
+            "gemm",
+            TG,
+            env=given,
+            tag="BLAS env as given",
+            sizes=P["gemm_sizes"][:1],
+            reps=P["op_reps"],
+        )
         if r:
             n = P["gemm_sizes"][0]
-            R["gemm"]["env_as_given"] = dict(r[str(n)], env=removed, n=n,
-                                             peak_gflops=2 * n**3 / r[str(n)]["min_s"] / 1e9)
+            R["gemm"]["env_as_given"] = dict(
+                r[str(n)], env=removed, n=n, peak_gflops=2 * n**3 / r[str(n)]["min_s"] / 1e9
+            )
 
     if "train" in only:
         R["train"] = {}
-        other_malloc = {TG: (dict(env, TG_MALLOC_TUNING="0"), "glibc's default malloc"),
-                        TORCH: (dict(env, **MALLOC_TUNED), "tuned malloc")}
+        other_malloc = {
+            TG: (dict(env, TG_MALLOC_TUNING="0"), "glibc's default malloc"),
+            TORCH: (dict(env, **MALLOC_TUNED), "tuned malloc"),
+        }
         for shape in [s for s in args.shapes.split(",") if s]:
             R["train"][shape] = {fw: run("train", fw, shape=shape, reps=P["reps"]) for fw in fws}
             if P["malloc_variant"]:
                 for fw in fws:
                     e, tag = other_malloc[fw]
                     R["train"][shape][fw + MALLOC_SUFFIX] = run(
-                        "train", fw, env=e, tag=tag, shape=shape, reps=P["reps"])
+                        "train", fw, env=e, tag=tag, shape=shape, reps=P["reps"]
+                    )
     if "ops" in only:
-        R["ops"] = {fw: run("ops", fw, reps=P["op_reps"], min_rep_s=P["min_rep_s"])
-                    for fw in fws}
+        R["ops"] = {fw: run("ops", fw, reps=P["op_reps"], min_rep_s=P["min_rep_s"]) for fw in fws}
     if "memory" in only:
         menv = dict(env, MALLOC_MMAP_THRESHOLD_="65536")
         T, B = SHAPES["gpt2-124M"][3:5]
-        configs = [(B, T)] + ([(1, t) for t in P["scale_Ts"]]
-                              if "scaling" in only and not args.quick else [])
-        R["memory"] = {fw: run("memory", fw, env=menv, tag="MALLOC_MMAP_THRESHOLD_=65536",
-                               shape="gpt2-124M", configs=configs)
-                       for fw in fws}
+        configs = [(B, T)] + (
+            [(1, t) for t in P["scale_Ts"]] if "scaling" in only and not args.quick else []
+        )
+        R["memory"] = {
+            fw: run(
+                "memory",
+                fw,
+                env=menv,
+                tag="MALLOC_MMAP_THRESHOLD_=65536",
+                shape="gpt2-124M",
+                configs=configs,
+            )
+            for fw in fws
+        }
     if "scaling" in only:
-        R["scaling"] = {fw: run("scaling", fw, shape="gpt2-124M", B=1, Ts=P["scale_Ts"],
-                                reps=max(2, P["reps"] - 2)) for fw in fws}
+        R["scaling"] = {
+            fw: run(
+                "scaling", fw, shape="gpt2-124M", B=1, Ts=P["scale_Ts"], reps=max(2, P["reps"] - 2)
+            )
+            for fw in fws
+        }
     if "generate" in only:
-        R["generate"] = {fw: run("generate", fw, contexts=P["gen_contexts"], n_new=P["n_new"],
-                                 rounds=P["gen_rounds"]) for fw in fws}
+        R["generate"] = {
+            fw: run(
+                "generate", fw, contexts=P["gen_contexts"], n_new=P["n_new"], rounds=P["gen_rounds"]
+            )
+            for fw in fws
+        }
 
     R["workers"] = run.infos
     meta["waits"] = run.waits

@@ -90,9 +90,19 @@ def train(fw: str, shape: str, reps: int) -> dict:
     m = measure(step, reps, warmup=0)
     timed = phases[2:]
     return dict(
-        m, shape=shape, B=B, T=T, n_layer=L, n_head=H, n_embd=C, vocab_size=V,
-        flops_per_token=flops[T], build_s=build_s, first_step_s=first_s,
-        loss0=losses[0], loss1=losses[1],
+        m,
+        shape=shape,
+        B=B,
+        T=T,
+        n_layer=L,
+        n_head=H,
+        n_embd=C,
+        vocab_size=V,
+        flops_per_token=flops[T],
+        build_s=build_s,
+        first_step_s=first_s,
+        loss0=losses[0],
+        loss1=losses[1],
         fwd_s=float(np.median([p[0] for p in timed])),
         bwd_s=float(np.median([p[1] for p in timed])),
         opt_s=float(np.median([p[2] for p in timed])),
@@ -176,39 +186,90 @@ def _op_specs():
     B, nh, T, hs = 8, 6, 256, 64
     N, V, C = 512, 50304, 768
     return [
-        ("matmul", f"({N},{C})@({C},{4 * C})", {"x": ((N, C), "f"), "w": ((C, 4 * C), "f")},
-         lambda a: a["x"] @ a["w"], lambda a: a["x"] @ a["w"]),
-        ("linear (+bias)", f"({N},{C})·W({4 * C},{C})ᵀ",
-         {"x": ((N, C), "f"), "w": ((4 * C, C), "f"), "b": ((4 * C,), "f")},
-         lambda a: tF.linear(a["x"], a["w"], a["b"]),
-         lambda a: tfn().linear(a["x"], a["w"], a["b"])),
-        ("linear lm_head", f"({N},{C})·W({V},{C})ᵀ", {"x": ((N, C), "f"), "w": ((V, C), "f")},
-         lambda a: tF.linear(a["x"], a["w"]), lambda a: tfn().linear(a["x"], a["w"])),
-        ("batched matmul", f"({B},{nh},{T},{hs})@({B},{nh},{hs},{T})",
-         {"x": ((B, nh, T, hs), "f"), "y": ((B, nh, hs, T), "f")},
-         lambda a: a["x"] @ a["y"], lambda a: a["x"] @ a["y"]),
-        ("softmax", f"({B},{nh},{T},{T}) dim -1", {"x": ((B, nh, T, T), "f")},
-         lambda a: tF.softmax(a["x"], dim=-1), lambda a: tfn().softmax(a["x"], dim=-1)),
-        ("log_softmax", f"({N},{V})", {"x": ((N, V), "f")},
-         lambda a: tF.log_softmax(a["x"], dim=-1), lambda a: tfn().log_softmax(a["x"], dim=-1)),
-        ("cross_entropy", f"({N},{V}) logits", {"x": ((N, V), "f"), "t": ((N,), f"i{V}")},
-         lambda a: tF.cross_entropy(a["x"], a["t"]),
-         lambda a: tfn().cross_entropy(a["x"], a["t"])),
-        ("layer_norm", f"({N},{C})", {"x": ((N, C), "f"), "w": ((C,), "f"), "b": ((C,), "f")},
-         lambda a: tF.layer_norm(a["x"], C, a["w"], a["b"]),
-         lambda a: tfn().layer_norm(a["x"], (C,), a["w"], a["b"])),
-        ("gelu (tanh)", f"({N},{4 * C})", {"x": ((N, 4 * C), "f")},
-         lambda a: tF.gelu(a["x"], approximate="tanh"),
-         lambda a: tfn().gelu(a["x"], approximate="tanh")),
-        ("embedding", f"W({V},{C}), {N} ids", {"w": ((V, C), "f"), "i": ((2, N // 2), f"i{V}")},
-         lambda a: tF.embedding(a["i"], a["w"]), lambda a: tfn().embedding(a["i"], a["w"])),
-        ("sdpa (causal)", f"q,k,v ({B},{nh},{T},{hs})",
-         {"q": ((B, nh, T, hs), "f"), "k": ((B, nh, T, hs), "f"), "v": ((B, nh, T, hs), "f")},
-         lambda a: tF.scaled_dot_product_attention(a["q"], a["k"], a["v"], is_causal=True),
-         lambda a: tfn().scaled_dot_product_attention(a["q"], a["k"], a["v"], is_causal=True)),
-        ("add (residual)", f"(2,{T},{C}) + (2,{T},{C})",
-         {"x": ((2, T, C), "f"), "y": ((2, T, C), "f")},
-         lambda a: a["x"] + a["y"], lambda a: a["x"] + a["y"]),
+        (
+            "matmul",
+            f"({N},{C})@({C},{4 * C})",
+            {"x": ((N, C), "f"), "w": ((C, 4 * C), "f")},
+            lambda a: a["x"] @ a["w"],
+            lambda a: a["x"] @ a["w"],
+        ),
+        (
+            "linear (+bias)",
+            f"({N},{C})·W({4 * C},{C})ᵀ",
+            {"x": ((N, C), "f"), "w": ((4 * C, C), "f"), "b": ((4 * C,), "f")},
+            lambda a: tF.linear(a["x"], a["w"], a["b"]),
+            lambda a: tfn().linear(a["x"], a["w"], a["b"]),
+        ),
+        (
+            "linear lm_head",
+            f"({N},{C})·W({V},{C})ᵀ",
+            {"x": ((N, C), "f"), "w": ((V, C), "f")},
+            lambda a: tF.linear(a["x"], a["w"]),
+            lambda a: tfn().linear(a["x"], a["w"]),
+        ),
+        (
+            "batched matmul",
+            f"({B},{nh},{T},{hs})@({B},{nh},{hs},{T})",
+            {"x": ((B, nh, T, hs), "f"), "y": ((B, nh, hs, T), "f")},
+            lambda a: a["x"] @ a["y"],
+            lambda a: a["x"] @ a["y"],
+        ),
+        (
+            "softmax",
+            f"({B},{nh},{T},{T}) dim -1",
+            {"x": ((B, nh, T, T), "f")},
+            lambda a: tF.softmax(a["x"], dim=-1),
+            lambda a: tfn().softmax(a["x"], dim=-1),
+        ),
+        (
+            "log_softmax",
+            f"({N},{V})",
+            {"x": ((N, V), "f")},
+            lambda a: tF.log_softmax(a["x"], dim=-1),
+            lambda a: tfn().log_softmax(a["x"], dim=-1),
+        ),
+        (
+            "cross_entropy",
+            f"({N},{V}) logits",
+            {"x": ((N, V), "f"), "t": ((N,), f"i{V}")},
+            lambda a: tF.cross_entropy(a["x"], a["t"]),
+            lambda a: tfn().cross_entropy(a["x"], a["t"]),
+        ),
+        (
+            "layer_norm",
+            f"({N},{C})",
+            {"x": ((N, C), "f"), "w": ((C,), "f"), "b": ((C,), "f")},
+            lambda a: tF.layer_norm(a["x"], C, a["w"], a["b"]),
+            lambda a: tfn().layer_norm(a["x"], (C,), a["w"], a["b"]),
+        ),
+        (
+            "gelu (tanh)",
+            f"({N},{4 * C})",
+            {"x": ((N, 4 * C), "f")},
+            lambda a: tF.gelu(a["x"], approximate="tanh"),
+            lambda a: tfn().gelu(a["x"], approximate="tanh"),
+        ),
+        (
+            "embedding",
+            f"W({V},{C}), {N} ids",
+            {"w": ((V, C), "f"), "i": ((2, N // 2), f"i{V}")},
+            lambda a: tF.embedding(a["i"], a["w"]),
+            lambda a: tfn().embedding(a["i"], a["w"]),
+        ),
+        (
+            "sdpa (causal)",
+            f"q,k,v ({B},{nh},{T},{hs})",
+            {"q": ((B, nh, T, hs), "f"), "k": ((B, nh, T, hs), "f"), "v": ((B, nh, T, hs), "f")},
+            lambda a: tF.scaled_dot_product_attention(a["q"], a["k"], a["v"], is_causal=True),
+            lambda a: tfn().scaled_dot_product_attention(a["q"], a["k"], a["v"], is_causal=True),
+        ),
+        (
+            "add (residual)",
+            f"(2,{T},{C}) + (2,{T},{C})",
+            {"x": ((2, T, C), "f"), "y": ((2, T, C), "f")},
+            lambda a: a["x"] + a["y"],
+            lambda a: a["x"] + a["y"],
+        ),
     ]
 
 
@@ -223,12 +284,16 @@ def _make_inputs(spec_inputs, fw):
     if fw == TORCH:
         import torch
 
-        return {k: (torch.from_numpy(v).requires_grad_(v.dtype == np.float32))
-                for k, v in arrays.items()}
+        return {
+            k: (torch.from_numpy(v).requires_grad_(v.dtype == np.float32))
+            for k, v in arrays.items()
+        }
     import tensorgrad as tg
 
-    return {k: (tg.Tensor(v, requires_grad=True, dtype=np.float32) if v.dtype == np.float32
-                else v) for k, v in arrays.items()}
+    return {
+        k: (tg.Tensor(v, requires_grad=True, dtype=np.float32) if v.dtype == np.float32 else v)
+        for k, v in arrays.items()
+    }
 
 
 def ops(fw: str, reps: int, min_rep_s: float = 0.1, only: list | None = None) -> dict:
@@ -238,8 +303,7 @@ def ops(fw: str, reps: int, min_rep_s: float = 0.1, only: list | None = None) ->
         if only and name not in only:
             continue
         fn = torch_fn if fw == TORCH else tg_fn
-        out[name] = dict(_time_op(fw, fn, _make_inputs(spec, fw), reps, min_rep_s),
-                         shape=shape_txt)
+        out[name] = dict(_time_op(fw, fn, _make_inputs(spec, fw), reps, min_rep_s), shape=shape_txt)
     if not only or "adamw step" in only:
         out["adamw step"] = _adamw(fw, reps)
     return out
@@ -263,9 +327,11 @@ def _time_op(fw: str, fn, a: dict, reps: int, min_rep_s: float) -> dict:
         for v in leaves:
             v.grad = None
 
-    return {"fwd": measure(lambda: fn(a), reps, warmup=1, min_rep_s=min_rep_s),
-            "fwd_bwd": measure(fwd_bwd, reps, warmup=1, min_rep_s=min_rep_s),
-            "out_dtype": str(y0.dtype).replace("torch.", "")}
+    return {
+        "fwd": measure(lambda: fn(a), reps, warmup=1, min_rep_s=min_rep_s),
+        "fwd_bwd": measure(fwd_bwd, reps, warmup=1, min_rep_s=min_rep_s),
+        "out_dtype": str(y0.dtype).replace("torch.", ""),
+    }
 
 
 def _adamw(fw: str, reps: int) -> dict:
@@ -289,8 +355,12 @@ def _adamw(fw: str, reps: int) -> dict:
             p.grad = tg.Tensor(np.full(p.shape, 1e-3, np.float32))
     n = sum(int(np.prod(p.shape)) for p in params)
     m = measure(opt.step, reps, warmup=1)
-    return {"shape": f"{n / 1e6:.1f}M params, {len(params)} tensors", "fwd": None,
-            "fwd_bwd": m, "out_dtype": "float32"}
+    return {
+        "shape": f"{n / 1e6:.1f}M params, {len(params)} tensors",
+        "fwd": None,
+        "fwd_bwd": m,
+        "out_dtype": "float32",
+    }
 
 
 # ----------------------------------------------------------------------------- generation
@@ -339,9 +409,14 @@ def generate(fw: str, contexts=(64, 128, 256, 512), n_new: int = 8, rounds: int 
             quiet = [t for t, c in zip(times, noisy) if c <= NOISY_CORES]
             decode = float(np.median(quiet if len(quiet) >= len(times) // 2 else times))
             out[f"{ctx}/{'cache' if cache else 'nocache'}"] = {
-                "context": ctx, "use_cache": cache, "prefill_s": min(prefill),
-                "decode_s": decode, "tokens_per_s": 1.0 / decode, "prefill_times_s": prefill,
-                "times_s": times, "others_cores": [round(x, 2) for x in noisy],
+                "context": ctx,
+                "use_cache": cache,
+                "prefill_s": min(prefill),
+                "decode_s": decode,
+                "tokens_per_s": 1.0 / decode,
+                "prefill_times_s": prefill,
+                "times_s": times,
+                "others_cores": [round(x, 2) for x in noisy],
                 "reps_noisy": len(times) - len(quiet),
             }
     return out

@@ -84,14 +84,16 @@ class TorchGPT(nn.Module):
             raise ValueError("TorchGPT mirrors only dropout=0, bias=True, tied, tanh-GELU configs")
         self.config = config
         C = config.n_embd
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, C),
-            wpe=nn.Embedding(config.block_size, C),
-            h=nn.ModuleList(
-                [Block(C, config.n_head, config.layer_norm_eps) for _ in range(config.n_layer)]
-            ),
-            ln_f=nn.LayerNorm(C, eps=config.layer_norm_eps),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, C),
+                wpe=nn.Embedding(config.block_size, C),
+                h=nn.ModuleList(
+                    [Block(C, config.n_head, config.layer_norm_eps) for _ in range(config.n_layer)]
+                ),
+                ln_f=nn.LayerNorm(C, eps=config.layer_norm_eps),
+            )
+        )
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
 
@@ -148,7 +150,9 @@ def load_tensorgrad_state(model: TorchGPT, tg_model) -> None:
     state = {n: torch.from_numpy(a.numpy().copy()) for n, a in tg_model.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # the tied lm_head shares wte's storage, so it may be reported either way
-    if [m for m in missing if m != "lm_head.weight"] or [u for u in unexpected if u != "lm_head.weight"]:
+    if [m for m in missing if m != "lm_head.weight"] or [
+        u for u in unexpected if u != "lm_head.weight"
+    ]:
         raise KeyError(f"state_dict names differ: missing {missing}, unexpected {unexpected}")
 
 

@@ -75,8 +75,9 @@ def save_arrays(path, arrays: dict) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_arrays(path, want: dict | None = None, sha256: str | None = None,
-                dtypes=("F32",), optional=()) -> dict:
+def load_arrays(
+    path, want: dict | None = None, sha256: str | None = None, dtypes=("F32",), optional=()
+) -> dict:
     """The arrays of a safetensors file, checked before and after reading.
 
     Before: a regular file whose header parses and (with ``want``, name -> shape) holds exactly
@@ -96,8 +97,10 @@ def load_arrays(path, want: dict | None = None, sha256: str | None = None,
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise CheckpointError(f"{path} is corrupt: its sha256 differs from the one recorded when "
-                              "it was saved; restore it from a backup or use another checkpoint")
+        raise CheckpointError(
+            f"{path} is corrupt: its sha256 differs from the one recorded when "
+            "it was saved; restore it from a backup or use another checkpoint"
+        )
     try:
         arrays = load(data)
     except Exception as e:  # safetensors raises its own error types on corrupt headers
@@ -105,8 +108,10 @@ def load_arrays(path, want: dict | None = None, sha256: str | None = None,
     for k, v in arrays.items():
         if v.dtype.kind == "f" and not np.isfinite(v).all():
             bad = int(v.size - np.isfinite(v).sum())
-            raise CheckpointError(f"{path}: {k} holds {bad} NaN or infinite values; the weights "
-                                  "are unusable (use an earlier checkpoint)")
+            raise CheckpointError(
+                f"{path}: {k} holds {bad} NaN or infinite values; the weights "
+                "are unusable (use an earlier checkpoint)"
+            )
     return arrays
 
 
@@ -114,8 +119,13 @@ def load_arrays(path, want: dict | None = None, sha256: str | None = None,
 
 # HF activation_function -> GPTConfig.gelu (gelu_new, gelu_fast and gelu_pytorch_tanh are all
 # the tanh approximation; anything else would load silently wrong)
-_HF_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none",
-            "gelu_python": "none"}
+_HF_GELU = {
+    "gelu_new": "tanh",
+    "gelu_fast": "tanh",
+    "gelu_pytorch_tanh": "tanh",
+    "gelu": "none",
+    "gelu_python": "none",
+}
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -127,8 +137,7 @@ def hf_config(d, where: str = "config.json") -> GPTConfig:
     act = d.get("activation_function", "gelu_new")
     if act not in _HF_GELU:
         raise CheckpointError(
-            f"{where}: activation_function {act!r} is not supported "
-            f"(one of {sorted(_HF_GELU)})"
+            f"{where}: activation_function {act!r} is not supported (one of {sorted(_HF_GELU)})"
         )
     return GPTConfig(**fields, dropout=0.0, bias=True, gelu=_HF_GELU[act])
 

@@ -41,7 +41,7 @@ class GPTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict) -> GPTConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
@@ -49,7 +49,7 @@ class GPTConfig:
         return cls(**d)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "GPTConfig":
+    def from_preset(cls, name: str, **overrides) -> GPTConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         d = dict(PRESETS[name])
@@ -64,11 +64,11 @@ PRESETS: dict[str, dict] = {
     "gpt2-large": dict(_GPT2, n_layer=36, n_head=20, n_embd=1280),  # 774M
     "gpt2-xl": dict(_GPT2, n_layer=48, n_head=25, n_embd=1600),  # 1558M
     # nanoGPT's character-level Shakespeare model
-    "shakespeare-char": dict(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384,
-                             dropout=0.2),
+    "shakespeare-char": dict(
+        block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.2
+    ),
     # the default `gpt-train` model: ~10 minutes on 2 CPU cores
-    "char-small": dict(block_size=128, vocab_size=65, n_layer=4, n_head=4, n_embd=128,
-                       dropout=0.0),
+    "char-small": dict(block_size=128, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
     # for tests and `gpt-explain`
     "tiny": dict(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16),
 }

@@ -136,8 +136,9 @@ def _decode_text(raw: bytes, name: str) -> str:
     A NUL byte, which no text file holds, names the file as binary."""
     nul = raw.find(b"\0")
     if nul >= 0:
-        raise DataError(f"{name} is a binary file, not text (a NUL byte at offset {nul}); pass "
-                        "UTF-8 text files")
+        raise DataError(
+            f"{name} is a binary file, not text (a NUL byte at offset {nul}); pass UTF-8 text files"
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -190,8 +191,9 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
     if not root.exists():
         raise DataError(f"{root} does not exist. Pass a text file or a folder of .txt files.")
     if not root.is_dir() and not root.is_file():  # a FIFO would block, /dev/zero never end
-        raise DataError(f"{root} is not a regular file or a folder. Pass a text file or a "
-                        "folder of .txt files.")
+        raise DataError(
+            f"{root} is not a regular file or a folder. Pass a text file or a folder of .txt files."
+        )
     if root.is_dir():
         files = sorted(
             (f.relative_to(root).as_posix(), f)

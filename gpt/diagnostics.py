@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tensorgrad import nn
-from tensorgrad import to_numpy
+from tensorgrad import nn, to_numpy
 
 OK, NO_GRAD, ZERO, NON_FINITE = "ok", "no grad", "zero", "non-finite"
 
@@ -93,8 +92,9 @@ def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
     return {n: np.array(to_numpy(p.data), copy=True) for n, p in model.named_parameters()}
 
 
-def update_ratios(before: dict, after: dict,
-                  group: Callable[[str], str] | None = layer_of) -> dict[str, float]:
+def update_ratios(
+    before: dict, after: dict, group: Callable[[str], str] | None = layer_of
+) -> dict[str, float]:
     """||W_after - W_before|| / ||W_before|| per group (per parameter with group=None).
 
     A healthy Adam run sits around 1e-3 per step; far below means the layer barely learns,
@@ -136,16 +136,32 @@ def plot_metrics(records: list[dict], path) -> bool:
     if steps:
         ax.plot(*zip(*steps), lw=0.6, alpha=0.4, color="C0", label="train (per step)")
     if evals:
-        ax.plot([r["iter"] for r in evals], [r["train_loss"] for r in evals], "o-", color="C0",
-                label="train (eval)")
-        ax.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], "o-", color="C1",
-                label="val (eval)")
+        ax.plot(
+            [r["iter"] for r in evals],
+            [r["train_loss"] for r in evals],
+            "o-",
+            color="C0",
+            label="train (eval)",
+        )
+        ax.plot(
+            [r["iter"] for r in evals],
+            [r["val_loss"] for r in evals],
+            "o-",
+            color="C1",
+            label="val (eval)",
+        )
     ax.set_xlabel("iteration")
     ax.set_ylabel("cross-entropy loss")
     ax.legend()
     ax.grid(alpha=0.3)
-    for ax, key, label in ((axes[-2][0], "update_ratio", "update / weight  ||ΔW||/||W||"),
-                           (axes[-1][0], "grad_norm", "gradient norm")) if diags else ():
+    for ax, key, label in (
+        (
+            (axes[-2][0], "update_ratio", "update / weight  ||ΔW||/||W||"),
+            (axes[-1][0], "grad_norm", "gradient norm"),
+        )
+        if diags
+        else ()
+    ):
         layers = list(diags[-1]["diag"][key])
         for layer in layers:
             pts = [(r["iter"], r["diag"][key].get(layer)) for r in diags]

@@ -48,15 +48,17 @@ launch_rank = dist.launch_rank  # this process's rank, from the environment (0 w
 class Run:
     """This process's part of the run: rank, world size, its share of each global batch."""
 
-    def __init__(self, world: int = 1, rank: int = 0, batch_size: int = 1, grad_accum: int = 1,
-                 seed: int = 0):
+    def __init__(
+        self, world: int = 1, rank: int = 0, batch_size: int = 1, grad_accum: int = 1, seed: int = 0
+    ):
         self.world_size, self.rank = world, rank
         self.active, self.is_main = world > 1, rank == 0
         self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
         B, self.rows = batch_size, batch_size * grad_accum // world  # rows: this rank's per step
         m = math.ceil(self.rows / B)  # micro-steps, none larger than --batch-size
-        self.chunks = ([self.rows // m] * m if self.rows % m == 0
-                       else [B] * (self.rows // B) + [self.rows % B])
+        self.chunks = (
+            [self.rows // m] * m if self.rows % m == 0 else [B] * (self.rows // B) + [self.rows % B]
+        )
         self.reducer: dist.DataParallel | None = None
 
     # -- one optimizer step -------------------------------------------------------------
@@ -76,11 +78,11 @@ class Run:
             return
         xs, ys = zip(*(sampler.next_batch() for _ in range(self.grad_accum)))
         lo = self.rank * self.rows
-        x = np.concatenate(xs)[lo:lo + self.rows]  # (rows, T)
-        y = np.concatenate(ys)[lo:lo + self.rows]
+        x = np.concatenate(xs)[lo : lo + self.rows]  # (rows, T)
+        y = np.concatenate(ys)[lo : lo + self.rows]
         o = 0
         for k, n in enumerate(self.chunks):
-            yield x[o:o + n], y[o:o + n], n / self.rows, k == len(self.chunks) - 1
+            yield x[o : o + n], y[o : o + n], n / self.rows, k == len(self.chunks) - 1
             o += n
 
     def backward(self, loss, sync: bool) -> None:
@@ -114,17 +116,23 @@ class Run:
         if not self.active:
             return
         self.reducer = dist.DataParallel(model.parameters(), bucket_mb=BUCKET_MB)
-        moments = [a for s in optimizer.state_dict()["state"].values()
-                   for a in (s["exp_avg"], s["exp_avg_sq"])]
+        moments = [
+            a
+            for s in optimizer.state_dict()["state"].values()
+            for a in (s["exp_avg"], s["exp_avg_sq"])
+        ]
         if not dist.same_on_all_ranks([np.array([it]), *moments]):
-            raise CheckpointError("the ranks restored different optimizer states: every rank "
-                                  "must read the same --out-dir (a shared filesystem)")
+            raise CheckpointError(
+                "the ranks restored different optimizer states: every rank "
+                "must read the same --out-dir (a shared filesystem)"
+            )
         states = (ckpt or {}).get("rng_ranks")
         if states and len(states) == self.world_size:
             tg.set_rng_state(states[self.rank])
         elif self.rank > 0:  # its own dropout masks
-            tg.manual_seed(int(np.random.SeedSequence([self.seed, self.rank, it])
-                               .generate_state(1)[0]))
+            tg.manual_seed(
+                int(np.random.SeedSequence([self.seed, self.rank, it]).generate_state(1)[0])
+            )
         if self.is_main:
             self._describe(model)
 
@@ -132,17 +140,23 @@ class Run:
         n = sum(p.data.size for p in self.reducer.params)
         mb = 4 * (n + len(self.reducer.params)) / 1e6
         ring = 2 * (self.world_size - 1) / self.world_size * mb
-        print(f"distributed: {self.world_size} ranks ({dist.local_world_size()} on this "
-              f"machine); each takes {self.rows} of the {self.batch_size * self.grad_accum} "
-              f"sequences per step in micro-batches of {self.chunks}; gradients averaged in "
-              f"{len(self.reducer.buckets)} all-reduce buckets of <= {BUCKET_MB:g} MB, "
-              f"{mb:.3g} MB per step (a ring moves {ring:.3g} MB per rank)", file=sys.stderr)
+        print(
+            f"distributed: {self.world_size} ranks ({dist.local_world_size()} on this "
+            f"machine); each takes {self.rows} of the {self.batch_size * self.grad_accum} "
+            f"sequences per step in micro-batches of {self.chunks}; gradients averaged in "
+            f"{len(self.reducer.buckets)} all-reduce buckets of <= {BUCKET_MB:g} MB, "
+            f"{mb:.3g} MB per step (a ring moves {ring:.3g} MB per rank)",
+            file=sys.stderr,
+        )
         if dist.local_world_size() > 1 and not any(v in os.environ for v in _BLAS_VARS):
             cores = os.cpu_count() or 1
-            print(f"note: {dist.local_world_size()} ranks share {cores} cores and BLAS threads "
-                  f"are not limited; set OPENBLAS_NUM_THREADS="
-                  f"{max(1, cores // dist.local_world_size())} (and OMP_NUM_THREADS) to avoid "
-                  "oversubscription", file=sys.stderr)
+            print(
+                f"note: {dist.local_world_size()} ranks share {cores} cores and BLAS threads "
+                f"are not limited; set OPENBLAS_NUM_THREADS="
+                f"{max(1, cores // dist.local_world_size())} (and OMP_NUM_THREADS) to avoid "
+                "oversubscription",
+                file=sys.stderr,
+            )
 
     def checkpoint_state(self, state: dict, model) -> dict:
         """Add every rank's RNG state to a checkpoint (a collective: all ranks call it), after
@@ -151,10 +165,13 @@ class Run:
             return state
         params = [p.data for p in model.parameters()]
         if not dist.same_on_all_ranks(params):
-            raise RuntimeError(f"the ranks' weights differ at iter {state['iter']} (the "
-                               "all-reduce gave ranks different results); not saving")
-        return dict(state, world_size=self.world_size,
-                    rng_ranks=dist.all_gather_json(tg.get_rng_state()))
+            raise RuntimeError(
+                f"the ranks' weights differ at iter {state['iter']} (the "
+                "all-reduce gave ranks different results); not saving"
+            )
+        return dict(
+            state, world_size=self.world_size, rng_ranks=dist.all_gather_json(tg.get_rng_state())
+        )
 
     @contextmanager
     def one_at_a_time(self):
@@ -197,9 +214,11 @@ def setup(c, error=RuntimeError) -> Run:
         return Run(1, 0, c.batch_size, c.grad_accum, c.seed)
     total = c.batch_size * c.grad_accum
     if total % n:
-        raise error(f"the global batch, --batch-size {c.batch_size} x --grad-accum "
-                    f"{c.grad_accum} = {total} sequences, does not split evenly over {n} ranks: "
-                    f"make it a multiple of {n}")
+        raise error(
+            f"the global batch, --batch-size {c.batch_size} x --grad-accum "
+            f"{c.grad_accum} = {total} sequences, does not split evenly over {n} ranks: "
+            f"make it a multiple of {n}"
+        )
     try:
         dist.init()
         if c.device == "cuda":

@@ -94,8 +94,10 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
         raise ValueError(f"max_tokens must be in 2..{TOKEN_LIMIT}, got {max_tokens}")
     ids = [int(i) for i in tokenizer.encode(prompt)]
     if len(ids) < 2:
-        raise ValueError(f"the prompt {prompt[:40]!r} is {len(ids)} token(s); a training step "
-                         "needs at least 2 (inputs are tokens[:-1], targets tokens[1:])")
+        raise ValueError(
+            f"the prompt {prompt[:40]!r} is {len(ids)} token(s); a training step "
+            "needs at least 2 (inputs are tokens[:-1], targets tokens[1:])"
+        )
     limit = min(max_tokens, block_size + 1)
     notes = []
     if len(ids) > limit:
@@ -106,11 +108,26 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
 
 
 # ----------------------------------------------------------------------------- explain
-def explain(model: GPT, tokenizer, prompt: str, layer: int = 0, heads=None,
-            position: int | None = None, lr: float = 1e-3, seed: int = 0,
-            element: tuple[int, int] | None = None, weight_decay: float = 0.1,
-            betas=(0.9, 0.95), eps: float = 1e-8, top_k: int = 5, max_tokens: int = MAX_TOKENS,
-            checks: int = 2, lens: bool = True, optimizer=None, follow=None) -> dict:
+def explain(
+    model: GPT,
+    tokenizer,
+    prompt: str,
+    layer: int = 0,
+    heads=None,
+    position: int | None = None,
+    lr: float = 1e-3,
+    seed: int = 0,
+    element: tuple[int, int] | None = None,
+    weight_decay: float = 0.1,
+    betas=(0.9, 0.95),
+    eps: float = 1e-8,
+    top_k: int = 5,
+    max_tokens: int = MAX_TOKENS,
+    checks: int = 2,
+    lens: bool = True,
+    optimizer=None,
+    follow=None,
+) -> dict:
     """Run one training step of ``model`` on ``prompt`` and return what happened, as a dict.
 
     layer: the block shown in full (others are summarised); heads: the heads whose attention
@@ -128,8 +145,10 @@ def explain(model: GPT, tokenizer, prompt: str, layer: int = 0, heads=None,
     cfg = model.config
     ids, notes = prompt_ids(tokenizer, prompt, cfg.block_size, max_tokens)
     if max(ids) >= cfg.vocab_size:
-        raise ValueError(f"token id {max(ids)} is outside the model's vocabulary "
-                         f"({cfg.vocab_size}); the tokenizer does not fit the model")
+        raise ValueError(
+            f"token id {max(ids)} is outside the model's vocabulary "
+            f"({cfg.vocab_size}); the tokenizer does not fit the model"
+        )
     T, C, nh = len(ids) - 1, cfg.n_embd, cfg.n_head
     hs = C // nh
     if not 0 <= layer < cfg.n_layer:
@@ -143,11 +162,15 @@ def explain(model: GPT, tokenizer, prompt: str, layer: int = 0, heads=None,
     if not 0 <= position < T:
         raise ValueError(f"position must be in 0..{T - 1} (or -{T}..-1), got {position}")
     if cfg.dropout > 0:
-        notes.append(f"dropout (p = {cfg.dropout}) is off for this step, so that the numbers "
-                     "repeat and attention rows sum to exactly 1")
+        notes.append(
+            f"dropout (p = {cfg.dropout}) is off for this step, so that the numbers "
+            "repeat and attention rows sum to exactly 1"
+        )
     if T == 1:
-        notes.append("with one position, softmax over a single key is constant: W_Q and W_K "
-                     "cannot get a gradient (use a longer prompt)")
+        notes.append(
+            "with one position, softmax over a single key is constant: W_Q and W_K "
+            "cannot get a gradient (use a longer prompt)"
+        )
 
     tg.manual_seed(seed)
     dev = device_of(model.transformer.wte.weight.data)
@@ -162,11 +185,25 @@ def explain(model: GPT, tokenizer, prompt: str, layer: int = 0, heads=None,
         rec = Recorder()
         logits, loss, atts, blocks = forward(model, idx, targets, rec, layer)
         loss.backward()
-        report = _forward_report(tokenizer, ids, rec, logits, loss, atts, blocks, layer, heads,
-                                 position, top_k, float(host(check)), notes)
+        report = _forward_report(
+            tokenizer,
+            ids,
+            rec,
+            logits,
+            loss,
+            atts,
+            blocks,
+            layer,
+            heads,
+            position,
+            top_k,
+            float(host(check)),
+            notes,
+        )
         report["gradients"], report["no_gradient"] = _gradients(model, C)
-        report["embedding_split"] = embedding_split(model, rec, ids, lambda i: tokenizer.decode(
-            [i]))
+        report["embedding_split"] = embedding_split(
+            model, rec, ids, lambda i: tokenizer.decode([i])
+        )
         if lens:
             report["lens"] = logit_lens(model, idx, targets, ids, lambda i: tokenizer.decode([i]))
             report["ablation"] = head_ablation(model, idx, targets, report["loss"]["value"])
@@ -181,17 +218,24 @@ def explain(model: GPT, tokenizer, prompt: str, layer: int = 0, heads=None,
     finally:
         model.train(was_training)
     d = cfg.to_dict()
-    report.update(prompt=prompt, notes=notes, seed=seed,
-                  config=dict(d, head_size=hs, n_params=model.num_params(non_embedding=False)),
-                  tokenizer={"kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
-                             "vocab_size": int(tokenizer.vocab_size)},
-                  shown={"layer": layer, "heads": heads, "position": position},
-                  dims={"B": 1, "T": T, "C": C, "nh": nh, "hs": hs, "V": cfg.vocab_size})
+    report.update(
+        prompt=prompt,
+        notes=notes,
+        seed=seed,
+        config=dict(d, head_size=hs, n_params=model.num_params(non_embedding=False)),
+        tokenizer={
+            "kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
+            "vocab_size": int(tokenizer.vocab_size),
+        },
+        shown={"layer": layer, "heads": heads, "position": position},
+        dims={"B": 1, "T": T, "C": C, "nh": nh, "hs": hs, "V": cfg.vocab_size},
+    )
     return report
 
 
-def _forward_report(tok, ids, rec, logits, loss, atts, blocks, layer, heads, position, top_k,
-                    model_loss, notes):
+def _forward_report(
+    tok, ids, rec, logits, loss, atts, blocks, layer, heads, position, top_k, model_loss, notes
+):
     def text(i):
         return tok.decode([i])
 
@@ -213,45 +257,88 @@ def _forward_report(tok, ids, rec, logits, loss, atts, blocks, layer, heads, pos
     for t in range(T):
         order = np.argsort(-p[t], kind="stable")[:k]
         top = [{"id": int(j), "token": text(int(j)), "prob": float(p[t, j])} for j in order]
-        predictions.append({"position": t, "input": text(ids[t]), "target_id": ids[t + 1],
-                            "target": text(ids[t + 1]), "top": top})
-    terms = [{"position": t, "target_id": ids[t + 1], "target": text(ids[t + 1]),
-              "prob": float(p[t, ids[t + 1]]), "loss": float(-logp[t, ids[t + 1]])}
-             for t in range(T)]
+        predictions.append(
+            {
+                "position": t,
+                "input": text(ids[t]),
+                "target_id": ids[t + 1],
+                "target": text(ids[t + 1]),
+                "top": top,
+            }
+        )
+    terms = [
+        {
+            "position": t,
+            "target_id": ids[t + 1],
+            "target": text(ids[t + 1]),
+            "prob": float(p[t, ids[t + 1]]),
+            "loss": float(-logp[t, ids[t + 1]]),
+        }
+        for t in range(T)
+    ]
     allowed = np.tril(np.ones((T, T), dtype=bool))
     sc = host(rec.tensors.get(f"h{layer}.scores"))[0]
-    attention = {"layer": layer, "heads": [
-        {"head": h, "weights": atts[layer][h].astype(float).tolist(),
-         "scores": [[num(sc[h, i, j]) for j in range(T)] for i in range(T)],
-         "masked_scores": [[num(sc[h, i, j]) if allowed[i, j] else None for j in range(T)]
-                           for i in range(T)]}
-        for h in heads]}
+    attention = {
+        "layer": layer,
+        "heads": [
+            {
+                "head": h,
+                "weights": atts[layer][h].astype(float).tolist(),
+                "scores": [[num(sc[h, i, j]) for j in range(T)] for i in range(T)],
+                "masked_scores": [
+                    [num(sc[h, i, j]) if allowed[i, j] else None for j in range(T)]
+                    for i in range(T)
+                ],
+            }
+            for h in heads
+        ],
+    }
     # the every-head maps grow as n_layer·n_head·T²: keep whole blocks up to MAX_MAP_CELLS
     per_block = atts[0].shape[0] * T * T
     keep = max(1, min(len(atts), MAX_MAP_CELLS // max(per_block, 1)))
     if keep < len(atts):
-        notes.append(f"the attention maps of every head are kept for blocks 0..{keep - 1} of "
-                     f"{len(atts)} (output bound: {MAX_MAP_CELLS} cells)")
+        notes.append(
+            f"the attention maps of every head are kept for blocks 0..{keep - 1} of "
+            f"{len(atts)} (output bound: {MAX_MAP_CELLS} cells)"
+        )
     return {
         "tokens": {"ids": ids, "text": [text(i) for i in ids]},
-        "pairs": [{"position": t, "input_id": ids[t], "input": text(ids[t]),
-                   "target_id": ids[t + 1], "target": text(ids[t + 1])} for t in range(T)],
-        "stages": rec.stages, "blocks": blocks, "causal_mask": allowed.tolist(),
+        "pairs": [
+            {
+                "position": t,
+                "input_id": ids[t],
+                "input": text(ids[t]),
+                "target_id": ids[t + 1],
+                "target": text(ids[t + 1]),
+            }
+            for t in range(T)
+        ],
+        "stages": rec.stages,
+        "blocks": blocks,
+        "causal_mask": allowed.tolist(),
         "attention": attention,
-        "attention_all": [[a.astype(float).tolist() for a in layer_att]
-                          for layer_att in atts[:keep]],
-        "predictions": predictions, "next_token": predictions[position],
-        "loss": {"value": float(host(loss)), "terms": terms,
-                 "mean_of_terms": float(np.mean([t["loss"] for t in terms])),
-                 "model_forward": model_loss},
+        "attention_all": [
+            [a.astype(float).tolist() for a in layer_att] for layer_att in atts[:keep]
+        ],
+        "predictions": predictions,
+        "next_token": predictions[position],
+        "loss": {
+            "value": float(host(loss)),
+            "terms": terms,
+            "mean_of_terms": float(np.mean([t["loss"] for t in terms])),
+            "model_forward": model_loss,
+        },
     }
 
 
 def _qkv_rows(name: str, shape, C: int):
     """c_attn's (3C, C) weight as its W_Q, W_K, W_V row blocks; any other parameter whole."""
     if name.endswith("attn.c_attn.weight") and shape[0] == 3 * C:
-        return [(f"{name}[W_Q]", slice(0, C)), (f"{name}[W_K]", slice(C, 2 * C)),
-                (f"{name}[W_V]", slice(2 * C, 3 * C))]
+        return [
+            (f"{name}[W_Q]", slice(0, C)),
+            (f"{name}[W_K]", slice(C, 2 * C)),
+            (f"{name}[W_V]", slice(2 * C, 3 * C)),
+        ]
     return [(name, slice(None))]
 
 
@@ -261,8 +348,16 @@ def _gradients(model, C):
         w, g = host(p), None if p.grad is None else host(p.grad)
         for label, rs in _qkv_rows(name, p.shape, C):
             n, status = _status(None if g is None else g[rs])
-            rows.append({"name": label, "param": name, "shape": list(w[rs].shape),
-                         "weight_norm": norm(w[rs]), "grad_norm": n, "status": status})
+            rows.append(
+                {
+                    "name": label,
+                    "param": name,
+                    "shape": list(w[rs].shape),
+                    "weight_norm": norm(w[rs]),
+                    "grad_norm": n,
+                    "status": status,
+                }
+            )
     return rows, [{"name": r["name"], "status": r["status"]} for r in rows if r["status"] != OK]
 
 
@@ -276,7 +371,7 @@ def default_follow(model, layer: int, head: int) -> list[tuple[str, str, int, in
     out = []
     for k, label in enumerate(("W_Q", "W_K", "W_V")):
         r0 = k * C + head * hs
-        g = None if w.grad is None else np.abs(host(w.grad)[r0:r0 + hs])
+        g = None if w.grad is None else np.abs(host(w.grad)[r0 : r0 + hs])
         i, j = (0, 0) if g is None else np.unravel_index(int(np.argmax(g)), g.shape)
         out.append((label, name, r0 + int(i), int(j)))
     return out
@@ -286,8 +381,7 @@ def _moments(opt, p, i, j):
     st = opt.state.get(id(p))
     if st is None:
         return 0.0, 0.0, 0
-    return (float(host(st["exp_avg"])[i, j]), float(host(st["exp_avg_sq"])[i, j]),
-            int(st["step"]))
+    return (float(host(st["exp_avg"])[i, j]), float(host(st["exp_avg_sq"])[i, j]), int(st["step"]))
 
 
 def _pick_element(model, layer: int, element):
@@ -307,8 +401,9 @@ def _check_follow(params: dict, follow) -> None:
     for label, name, r, c in follow:
         p = params.get(name)
         if p is None or p.ndim != 2 or not (0 <= r < p.shape[0] and 0 <= c < p.shape[1]):
-            raise ValueError(f"followed weight {label} = {name}[{r}, {c}] is not a matrix "
-                             "element of the model")
+            raise ValueError(
+                f"followed weight {label} = {name}[{r}, {c}] is not a matrix element of the model"
+            )
 
 
 def _adamw_step(model, opt, layer, head, element, follow, evidence):
@@ -330,8 +425,9 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
     fd, change = [], None
     if evidence is not None:  # before the update: the differences are of the loss just taken
         model64, idx, targets, n_checks = evidence
-        fd = finite_differences(model, model64, idx, targets, layer, head, n_checks,
-                                extra=[("W_Q", wq_name, i, j)])
+        fd = finite_differences(
+            model, model64, idx, targets, layer, head, n_checks, extra=[("W_Q", wq_name, i, j)]
+        )
         loss_before = loss64(model64, idx, targets)
     opt.step()
     if evidence is not None:
@@ -341,31 +437,71 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
         w1 = host(p)
         for label, rs in _qkv_rows(n, p.shape, C):
             dn, wn = norm(w1[rs] - before[n][rs]), norm(before[n][rs])
-            rows.append({"name": label, "update_norm": dn, "weight_norm": wn,
-                         "ratio": dn / wn if wn > 0 else None, "skipped": grads[n] is None})
+            rows.append(
+                {
+                    "name": label,
+                    "update_norm": dn,
+                    "weight_norm": wn,
+                    "ratio": dn / wn if wn > 0 else None,
+                    "skipped": grads[n] is None,
+                }
+            )
     followed = []
     for label, n, r, c in follow:
         m, v, t = _moments(opt, params[n], r, c)
         g, new = grads[n], float(host(params[n])[r, c])
-        followed.append({"label": label, "param": n, "index": [r, c], "step": t,
-                         "value": float(before[n][r, c]),
-                         "grad": None if g is None else float(g[r, c]),
-                         "m_prev": prev[(n, r, c)][0], "v_prev": prev[(n, r, c)][1], "m": m,
-                         "v": v, "new_value": new, "update": new - float(before[n][r, c])})
+        followed.append(
+            {
+                "label": label,
+                "param": n,
+                "index": [r, c],
+                "step": t,
+                "value": float(before[n][r, c]),
+                "grad": None if g is None else float(g[r, c]),
+                "m_prev": prev[(n, r, c)][0],
+                "v_prev": prev[(n, r, c)][1],
+                "m": m,
+                "v": v,
+                "new_value": new,
+                "update": new - float(before[n][r, c]),
+            }
+        )
     group = next(g for g in opt.param_groups if any(q is wq for q in g["params"]))
     el = _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_prev)
     b1, b2 = group["betas"]
-    return ({"lr": group["lr"], "weight_decay": group["weight_decay"], "betas": [b1, b2],
-             "eps": group["eps"], "params": rows, "element": el, "followed": followed},
-            fd, change)
+    return (
+        {
+            "lr": group["lr"],
+            "weight_decay": group["weight_decay"],
+            "betas": [b1, b2],
+            "eps": group["eps"],
+            "params": rows,
+            "element": el,
+            "followed": followed,
+        },
+        fd,
+        change,
+    )
 
 
 def _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_prev):
     b1, b2 = group["betas"]
-    el = {"param": wq_name, "matrix": "W_Q", "layer": layer,
-          "row": i, "col": j, "head": i // hs, "head_dim": i % hs, "lr": group["lr"],
-          "weight_decay": group["weight_decay"], "beta1": b1, "beta2": b2, "eps": group["eps"],
-          "weight": float(before[wq_name][i, j]), "new_weight": float(host(wq)[i, j])}
+    el = {
+        "param": wq_name,
+        "matrix": "W_Q",
+        "layer": layer,
+        "row": i,
+        "col": j,
+        "head": i // hs,
+        "head_dim": i % hs,
+        "lr": group["lr"],
+        "weight_decay": group["weight_decay"],
+        "beta1": b1,
+        "beta2": b2,
+        "eps": group["eps"],
+        "weight": float(before[wq_name][i, j]),
+        "new_weight": float(host(wq)[i, j]),
+    }
     st = opt.state.get(id(wq))
     if gq is None or st is None:
         el.update(grad=None, skipped=True)
@@ -377,9 +513,23 @@ def _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_pre
     m_hat, v_hat = m / bc1, v / bc2
     decayed = el["weight"] * (1 - el["lr"] * el["weight_decay"])
     update = el["lr"] * m_hat / (math.sqrt(v_hat) + el["eps"])
-    el.update(grad=g, step=t, m_prev=m_prev, v_prev=v_prev, m=m, v=v, bias_correction1=bc1,
-              bias_correction2=bc2, m_hat=m_hat, v_hat=v_hat, decayed=decayed, update=update,
-              formula_new=decayed - update, sgd_new=el["weight"] - el["lr"] * g, skipped=False)
+    el.update(
+        grad=g,
+        step=t,
+        m_prev=m_prev,
+        v_prev=v_prev,
+        m=m,
+        v=v,
+        bias_correction1=bc1,
+        bias_correction2=bc2,
+        m_hat=m_hat,
+        v_hat=v_hat,
+        decayed=decayed,
+        update=update,
+        formula_new=decayed - update,
+        sgd_new=el["weight"] - el["lr"] * g,
+        skipped=False,
+    )
     return el
 
 

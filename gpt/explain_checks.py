@@ -42,19 +42,23 @@ def loss64(model64, idx, targets) -> float:
 def _targets(layer: int, head: int, C: int, hs: int):
     """(label, parameter name, rows, cols) of the blocks whose elements are checked: the
     head's rows of W_Q, W_K, W_V (c_attn's weight is [W_Q; W_K; W_V]), its columns of W_O."""
+
     def rows(off):
         return slice(off + head * hs, off + (head + 1) * hs)
 
     attn = f"transformer.h.{layer}.attn"
-    return [("W_Q", f"{attn}.c_attn.weight", rows(0), slice(None)),
-            ("W_K", f"{attn}.c_attn.weight", rows(C), slice(None)),
-            ("W_V", f"{attn}.c_attn.weight", rows(2 * C), slice(None)),
-            ("W_O", f"{attn}.c_proj.weight", slice(None), rows(0)),
-            ("E (wte)", "transformer.wte.weight", slice(None), slice(None))]
+    return [
+        ("W_Q", f"{attn}.c_attn.weight", rows(0), slice(None)),
+        ("W_K", f"{attn}.c_attn.weight", rows(C), slice(None)),
+        ("W_V", f"{attn}.c_attn.weight", rows(2 * C), slice(None)),
+        ("W_O", f"{attn}.c_proj.weight", slice(None), rows(0)),
+        ("E (wte)", "transformer.wte.weight", slice(None), slice(None)),
+    ]
 
 
-def finite_differences(model, model64, idx, targets, layer: int, head: int, n: int = 2,
-                       extra=()) -> list[dict]:
+def finite_differences(
+    model, model64, idx, targets, layer: int, head: int, n: int = 2, extra=()
+) -> list[dict]:
     """For each checked matrix, the ``n`` elements with the largest gradient in head ``head``'s
     rows (W_Q, W_K, W_V) or columns (W_O), and in E; ``extra``: (label, name, i, j) to check
     too. Each row: the tape gradient, the float64 central difference and their agreement
@@ -71,8 +75,15 @@ def finite_differences(model, model64, idx, targets, layer: int, head: int, n: i
         g = np.abs(host(p.grad))[rows, cols]
         for flat in np.argsort(-g, axis=None, kind="stable")[:n]:
             i, j = np.unravel_index(int(flat), g.shape)
-            picks.append((label, name, (rows.start or 0) + int(i), (cols.start or 0) + int(j),
-                          float(g.max())))
+            picks.append(
+                (
+                    label,
+                    name,
+                    (rows.start or 0) + int(i),
+                    (cols.start or 0) + int(j),
+                    float(g.max()),
+                )
+            )
     out, seen = [], set()
     for label, name, i, j, scale in picks:
         if (name, i, j) in seen:
@@ -90,9 +101,18 @@ def finite_differences(model, model64, idx, targets, layer: int, head: int, n: i
         if scale is None:  # an extra element: the scale of its whole matrix
             scale = float(np.abs(host(p.grad)).max()) if p.grad is not None else 0.0
         err = None if g is None else abs(g - fd)
-        out.append({"label": label, "param": name, "index": [i, j], "grad": g, "fd": fd,
-                    "abs_err": err, "rel_err": None if g is None else err / max(abs(fd), 1e-30),
-                    "agree": g is not None and err <= RTOL * abs(fd) + ATOL_REL * scale})
+        out.append(
+            {
+                "label": label,
+                "param": name,
+                "index": [i, j],
+                "grad": g,
+                "fd": fd,
+                "abs_err": err,
+                "rel_err": None if g is None else err / max(abs(fd), 1e-30),
+                "agree": g is not None and err <= RTOL * abs(fd) + ATOL_REL * scale,
+            }
+        )
     return out
 
 
@@ -110,10 +130,15 @@ def loss_change(named, grads: dict, before: dict, model64, idx, targets, loss_be
     predicted = float(sum(c for _, c in contrib))
     measured = after - loss_before
     top = sorted(contrib, key=lambda c: -abs(c[1]))[:5]
-    return {"predicted": predicted, "measured": measured, "loss_before": loss_before,
-            "loss_after": after, "second_order": measured - predicted,
-            "ratio": measured / predicted if predicted else None,
-            "top": [{"param": n, "g_dw": c} for n, c in top]}
+    return {
+        "predicted": predicted,
+        "measured": measured,
+        "loss_before": loss_before,
+        "loss_after": after,
+        "second_order": measured - predicted,
+        "ratio": measured / predicted if predicted else None,
+        "top": [{"param": n, "g_dw": c} for n, c in top],
+    }
 
 
 def embedding_split(model, rec, ids, decode) -> dict:
@@ -129,10 +154,23 @@ def embedding_split(model, rec, ids, decode) -> dict:
     from_lookup = np.zeros_like(total)
     np.add.at(from_lookup, np.asarray(ids[:-1]), dtok)  # a token used twice adds twice
     diff = np.abs(from_logits + from_lookup - total)
-    rows = [{"id": int(t), "token": decode(int(t)), "logits_norm": norm(from_logits[t]),
-             "lookup_norm": norm(from_lookup[t]), "total_norm": norm(total[t])}
-            for t in sorted(set(ids[:-1]))]
-    return {"tied": True, "logits_norm": norm(from_logits), "lookup_norm": norm(from_lookup),
-            "total_norm": norm(total), "sum_norm": norm(from_logits + from_lookup),
-            "max_abs_diff": float(diff.max()), "rel_diff": float(diff.max() / max(
-                np.abs(total).max(), 1e-30)), "rows": rows[:32]}
+    rows = [
+        {
+            "id": int(t),
+            "token": decode(int(t)),
+            "logits_norm": norm(from_logits[t]),
+            "lookup_norm": norm(from_lookup[t]),
+            "total_norm": norm(total[t]),
+        }
+        for t in sorted(set(ids[:-1]))
+    ]
+    return {
+        "tied": True,
+        "logits_norm": norm(from_logits),
+        "lookup_norm": norm(from_lookup),
+        "total_norm": norm(total),
+        "sum_norm": norm(from_logits + from_lookup),
+        "max_abs_diff": float(diff.max()),
+        "rel_diff": float(diff.max() / max(np.abs(total).max(), 1e-30)),
+        "rows": rows[:32],
+    }

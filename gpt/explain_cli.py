@@ -42,13 +42,17 @@ def load(args):
     if args.init_from:
         from .tokenizer import load_tokenizer_dir
 
-        return (GPT.from_pretrained(args.init_from), load_tokenizer_dir(args.init_from),
-                f"GPT-2 checkpoint {args.init_from}")
+        return (
+            GPT.from_pretrained(args.init_from),
+            load_tokenizer_dir(args.init_from),
+            f"GPT-2 checkpoint {args.init_from}",
+        )
     tok = prompt_tokenizer(args.prompt, args.tokenizer)
     n = min(len(tok.encode(args.prompt)), args.max_tokens)  # the prompt is cut to max_tokens
     base = GPTConfig.from_preset(args.preset)
-    cfg = GPTConfig.from_preset(args.preset, vocab_size=tok.vocab_size,
-                                block_size=max(base.block_size, n - 1))
+    cfg = GPTConfig.from_preset(
+        args.preset, vocab_size=tok.vocab_size, block_size=max(base.block_size, n - 1)
+    )
     tg.manual_seed(args.seed)
     return GPT(cfg), tok, f"fresh '{args.preset}' GPT, {args.tokenizer} tokenizer from the prompt"
 
@@ -58,7 +62,8 @@ def _ints(s: str) -> list[int]:
         return [int(x) for x in s.replace(" ", "").split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {s!r}") from None
+            f"expected integers separated by commas, got {s!r}"
+        ) from None
 
 
 def _follow(s: str):
@@ -78,8 +83,9 @@ def _resolve_follow(specs, layer: int, C: int):
     out = []
     for name, r, c in specs:
         if name in ("W_Q", "W_K", "W_V"):
-            out.append((name, f"{attn}.c_attn.weight", r + C * ("W_Q", "W_K", "W_V").index(name),
-                        c))
+            out.append(
+                (name, f"{attn}.c_attn.weight", r + C * ("W_Q", "W_K", "W_V").index(name), c)
+            )
         elif name == "W_O":
             out.append((name, f"{attn}.c_proj.weight", r, c))
         else:
@@ -89,53 +95,107 @@ def _resolve_follow(specs, layer: int, C: int):
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="gpt-explain", description="Run training steps of a GPT on a prompt and show every "
+        prog="gpt-explain",
+        description="Run training steps of a GPT on a prompt and show every "
         "stage: tokens, embeddings, attention, MLP, logits, loss, gradients (checked by finite "
         "differences), AdamW; follow weights across --steps, or drive it in a local page with "
-        "--serve.")
+        "--serve.",
+    )
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--out-dir", help="a gpt-train run directory (default: a fresh model)")
-    src.add_argument("--init-from", help="a HuggingFace GPT-2 directory (config.json, "
-                     "model.safetensors, vocab.json, merges.txt)")
-    ap.add_argument("--which", choices=("best", "latest"), default="best",
-                    help="which checkpoint of --out-dir")
-    ap.add_argument("--preset", default="tiny", help="config of the fresh model (vocab_size "
-                    "and block_size follow the tokenizer and the prompt)")
-    ap.add_argument("--tokenizer", choices=("bpe", "char"), default="bpe",
-                    help="fresh model: BPE or characters, learned from the prompt")
-    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
-                    help=f"cut the prompt to this many tokens (default {MAX_TOKENS}, at most "
-                    f"{TOKEN_LIMIT}); the output grows with its square")
+    src.add_argument(
+        "--init-from",
+        help="a HuggingFace GPT-2 directory (config.json, "
+        "model.safetensors, vocab.json, merges.txt)",
+    )
+    ap.add_argument(
+        "--which", choices=("best", "latest"), default="best", help="which checkpoint of --out-dir"
+    )
+    ap.add_argument(
+        "--preset",
+        default="tiny",
+        help="config of the fresh model (vocab_size "
+        "and block_size follow the tokenizer and the prompt)",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        choices=("bpe", "char"),
+        default="bpe",
+        help="fresh model: BPE or characters, learned from the prompt",
+    )
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"cut the prompt to this many tokens (default {MAX_TOKENS}, at most "
+        f"{TOKEN_LIMIT}); the output grows with its square",
+    )
     ap.add_argument("--layer", type=int, default=0, help="the block shown in full")
-    ap.add_argument("--heads", type=_ints, default=None, help="heads to show, e.g. 0,1 (the "
-                    "first is the one whose weights are checked and followed)")
-    ap.add_argument("--position", type=int, default=None,
-                    help="token position whose values and prediction are shown (default last)")
-    ap.add_argument("--element", type=_ints, default=None,
-                    help="row,col of the W_Q element worked through AdamW (default: largest "
-                    "gradient)")
-    ap.add_argument("--checks", type=int, default=2, help="elements per matrix checked by "
-                    "float64 finite differences (0: no checks)")
+    ap.add_argument(
+        "--heads",
+        type=_ints,
+        default=None,
+        help="heads to show, e.g. 0,1 (the "
+        "first is the one whose weights are checked and followed)",
+    )
+    ap.add_argument(
+        "--position",
+        type=int,
+        default=None,
+        help="token position whose values and prediction are shown (default last)",
+    )
+    ap.add_argument(
+        "--element",
+        type=_ints,
+        default=None,
+        help="row,col of the W_Q element worked through AdamW (default: largest gradient)",
+    )
+    ap.add_argument(
+        "--checks",
+        type=int,
+        default=2,
+        help="elements per matrix checked by float64 finite differences (0: no checks)",
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="train this many steps on the "
-                    "prompt and follow the chosen weights, the loss and the attention")
-    ap.add_argument("--follow", type=_follow, action="append", default=None,
-                    help="with --steps/--serve: a weight to follow, NAME:row,col (W_Q, W_K, W_V, "
-                    "W_O of --layer, row and col within that matrix, or a parameter name); "
-                    "repeat for more (default: the largest-gradient element of W_Q, W_K, W_V "
-                    "of the first head)")
-    ap.add_argument("--plot", default="gpt-explain-steps.png",
-                    help="with --steps in text mode: where the PNG plots go")
-    ap.add_argument("--serve", action="store_true", help="a local page to step the model and "
-                    "watch it (http://127.0.0.1, a free port unless --port)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="train this many steps on the "
+        "prompt and follow the chosen weights, the loss and the attention",
+    )
+    ap.add_argument(
+        "--follow",
+        type=_follow,
+        action="append",
+        default=None,
+        help="with --steps/--serve: a weight to follow, NAME:row,col (W_Q, W_K, W_V, "
+        "W_O of --layer, row and col within that matrix, or a parameter name); "
+        "repeat for more (default: the largest-gradient element of W_Q, W_K, W_V "
+        "of the first head)",
+    )
+    ap.add_argument(
+        "--plot",
+        default="gpt-explain-steps.png",
+        help="with --steps in text mode: where the PNG plots go",
+    )
+    ap.add_argument(
+        "--serve",
+        action="store_true",
+        help="a local page to step the model and "
+        "watch it (http://127.0.0.1, a free port unless --port)",
+    )
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--format", choices=("text", "json", "html"), default="text")
     ap.add_argument("-o", "--output", help="write here instead of stdout")
-    ap.add_argument("--graph", help="also write the autograd graph of the loss (.dot, or .svg/"
-                    ".png/.pdf with Graphviz installed)")
+    ap.add_argument(
+        "--graph",
+        help="also write the autograd graph of the loss (.dot, or .svg/"
+        ".png/.pdf with Graphviz installed)",
+    )
     return ap
 
 
@@ -193,15 +253,37 @@ def _run(args) -> int:
     if args.serve:
         from .explain_serve import serve
 
-        return serve(model, tok, args.prompt, layer=args.layer, head=head, lr=args.lr,
-                     weight_decay=args.weight_decay, seed=args.seed, max_tokens=args.max_tokens,
-                     follow=follow, checks=args.checks, port=args.port, source=source)
+        return serve(
+            model,
+            tok,
+            args.prompt,
+            layer=args.layer,
+            head=head,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            follow=follow,
+            checks=args.checks,
+            port=args.port,
+            source=source,
+        )
     if args.steps is not None:
         from .explain_steps import follow_steps, render_steps_html, render_steps_text
 
-        t = follow_steps(model, tok, args.prompt, args.steps, layer=args.layer, head=head,
-                         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed,
-                         max_tokens=args.max_tokens, follow=follow)
+        t = follow_steps(
+            model,
+            tok,
+            args.prompt,
+            args.steps,
+            layer=args.layer,
+            head=head,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            follow=follow,
+        )
         t["source"] = source
         if args.format == "json":
             _write(args, json.dumps(t, indent=1, allow_nan=False) + "\n")
@@ -215,10 +297,21 @@ def _run(args) -> int:
     graph_error = _graph(args, model, tok) if args.graph else None
     if graph_error:
         print(graph_error, file=sys.stderr)
-    report = explain(model, tok, args.prompt, layer=args.layer, heads=args.heads,
-                     position=args.position, lr=args.lr, seed=args.seed, element=args.element,
-                     weight_decay=args.weight_decay, max_tokens=args.max_tokens,
-                     checks=args.checks, follow=follow)
+    report = explain(
+        model,
+        tok,
+        args.prompt,
+        layer=args.layer,
+        heads=args.heads,
+        position=args.position,
+        lr=args.lr,
+        seed=args.seed,
+        element=args.element,
+        weight_decay=args.weight_decay,
+        max_tokens=args.max_tokens,
+        checks=args.checks,
+        follow=follow,
+    )
     report["source"] = source
     if args.format == "json":
         text = json.dumps(report, indent=1, allow_nan=False) + "\n"

@@ -49,8 +49,16 @@ class Recorder:
         if t.requires_grad and not t.is_leaf:
             t.retain_grad()
         self.tensors[key] = t
-        self.stages.append({"key": key, "name": name, "block": block, "formula": formula,
-                            "shape": list(t.shape), "axes": list(axes)})
+        self.stages.append(
+            {
+                "key": key,
+                "name": name,
+                "block": block,
+                "formula": formula,
+                "shape": list(t.shape),
+                "axes": list(axes),
+            }
+        )
         return t
 
 
@@ -68,34 +76,77 @@ def block_forward(block, i, x, allowed, rec=None, ablate: int | None = None):
     hs = C // nh
     r = rec or _skip
     h = r(f"h{i}.ln_1", "ln_1", block.ln_1(x), "BTC", "(x - mean)/std · γ + β", i)
-    qkv = r(f"h{i}.qkv", "c_attn", attn.c_attn(h), ("B", "T", "3C"),
-            "ln_1 · [W_Q; W_K; W_V]ᵀ + b", i)
+    qkv = r(
+        f"h{i}.qkv", "c_attn", attn.c_attn(h), ("B", "T", "3C"), "ln_1 · [W_Q; W_K; W_V]ᵀ + b", i
+    )
     q, k, v = qkv.split(C, dim=2)
     r(f"h{i}.q", "q", q, "BTC", "qkv[..., 0:C] = ln_1 · W_Qᵀ + b_Q", i)
     r(f"h{i}.k", "k", k, "BTC", "qkv[..., C:2C] = ln_1 · W_Kᵀ + b_K", i)
     r(f"h{i}.v", "v", v, "BTC", "qkv[..., 2C:3C] = ln_1 · W_Vᵀ + b_V", i)
     heads = ("B", "nh", "T", "hs")
-    q = r(f"h{i}.q_heads", "q heads", q.view(B, T, nh, hs).transpose(1, 2), heads,
-          "q.view(B, T, nh, hs).transpose(1, 2)", i)
-    k = r(f"h{i}.k_heads", "k heads", k.view(B, T, nh, hs).transpose(1, 2), heads,
-          "the same split for k", i)
-    v = r(f"h{i}.v_heads", "v heads", v.view(B, T, nh, hs).transpose(1, 2), heads,
-          "the same split for v", i)
+    q = r(
+        f"h{i}.q_heads",
+        "q heads",
+        q.view(B, T, nh, hs).transpose(1, 2),
+        heads,
+        "q.view(B, T, nh, hs).transpose(1, 2)",
+        i,
+    )
+    k = r(
+        f"h{i}.k_heads",
+        "k heads",
+        k.view(B, T, nh, hs).transpose(1, 2),
+        heads,
+        "the same split for k",
+        i,
+    )
+    v = r(
+        f"h{i}.v_heads",
+        "v heads",
+        v.view(B, T, nh, hs).transpose(1, 2),
+        heads,
+        "the same split for v",
+        i,
+    )
     tt = ("B", "nh", "T", "T")
-    s = r(f"h{i}.scores", "scores", (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs)), tt,
-          f"q · kᵀ / √hs  (√{hs} = {math.sqrt(hs):.4g})", i)
-    s = r(f"h{i}.masked", "masked scores", s.masked_fill(~tg.Tensor(allowed), float("-inf")),
-          tt, "scores, -inf where key s > query t (the future)", i)
-    att = r(f"h{i}.att", "attention weights", F.softmax(s, dim=-1), tt,
-            "softmax over keys: rows sum to 1, future = 0", i)
+    s = r(
+        f"h{i}.scores",
+        "scores",
+        (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs)),
+        tt,
+        f"q · kᵀ / √hs  (√{hs} = {math.sqrt(hs):.4g})",
+        i,
+    )
+    s = r(
+        f"h{i}.masked",
+        "masked scores",
+        s.masked_fill(~tg.Tensor(allowed), float("-inf")),
+        tt,
+        "scores, -inf where key s > query t (the future)",
+        i,
+    )
+    att = r(
+        f"h{i}.att",
+        "attention weights",
+        F.softmax(s, dim=-1),
+        tt,
+        "softmax over keys: rows sum to 1, future = 0",
+        i,
+    )
     y = r(f"h{i}.att_out", "attention output", att @ v, heads, "att · v", i)
     if ablate is not None:
         xp = get_array_module(y.data)
         keep = xp.ones((1, nh, 1, 1), dtype=y.dtype)
         keep[0, ablate] = 0  # (1, nh, 1, 1): head `ablate` contributes nothing to W_O's input
         y = y * tg.Tensor(keep)
-    y = r(f"h{i}.merged", "merged heads", y.transpose(1, 2).contiguous().view(B, T, C), "BTC",
-          "heads side by side: transpose(1, 2).view(B, T, C)", i)
+    y = r(
+        f"h{i}.merged",
+        "merged heads",
+        y.transpose(1, 2).contiguous().view(B, T, C),
+        "BTC",
+        "heads side by side: transpose(1, 2).view(B, T, C)",
+        i,
+    )
     a = r(f"h{i}.attn_proj", "c_proj (W_O)", attn.c_proj(y), "BTC", "merged · W_Oᵀ + b_O", i)
     x = r(f"h{i}.resid_1", "residual 1", x + a, "BTC", "x + attention", i)
     h = r(f"h{i}.ln_2", "ln_2", block.ln_2(x), "BTC", "(x - mean)/std · γ + β", i)
@@ -112,8 +163,13 @@ def embed(model, idx, rec=None):
     T = idx.shape[1]
     tok = r("tok_emb", "token embedding", tr.wte(idx), "BTC", "wte[x]: row x_t of E")
     xp = get_array_module(idx)
-    pos = r("pos_emb", "position embedding", tr.wpe(xp.arange(T)[None, :]), ("1", "T", "C"),
-            "wpe[t] for t = 0..T-1")
+    pos = r(
+        "pos_emb",
+        "position embedding",
+        tr.wpe(xp.arange(T)[None, :]),
+        ("1", "T", "C"),
+        "wpe[t] for t = 0..T-1",
+    )
     return tr.drop(r("x", "embedding sum", tok + pos, "BTC", "tok_emb + pos_emb"))
 
 
@@ -122,8 +178,13 @@ def unembed(model, x, rec=None):
     r = rec or _skip
     h = r("ln_f", "ln_f", model.transformer.ln_f(x), "BTC", "final LayerNorm: H")
     tied = model.lm_head is None
-    return r("logits", "logits", F.linear(h, model.unembedding), ("B", "T", "V"),
-             "H · Eᵀ (tied to the token embedding)" if tied else "H · W_lmᵀ")
+    return r(
+        "logits",
+        "logits",
+        F.linear(h, model.unembedding),
+        ("B", "T", "V"),
+        "H · Eᵀ (tied to the token embedding)" if tied else "H · W_lmᵀ",
+    )
 
 
 def forward(model, idx, targets, rec, layer):
@@ -140,11 +201,24 @@ def forward(model, idx, targets, rec, layer):
         if i != layer:
             x.retain_grad()
         atts.append(host(att)[0])
-        blocks.append({"block": i, "full": i == layer, "tensor": x, "rms_in": rms(host(x_in)),
-                       "rms_attn": rms(host(a)), "rms_mlp": rms(host(m)),
-                       "rms_out": rms(host(x))})
+        blocks.append(
+            {
+                "block": i,
+                "full": i == layer,
+                "tensor": x,
+                "rms_in": rms(host(x_in)),
+                "rms_attn": rms(host(a)),
+                "rms_mlp": rms(host(m)),
+                "rms_out": rms(host(x)),
+            }
+        )
     logits = unembed(model, x, rec)
-    rec("probs", "probabilities", F.softmax(logits, dim=-1), ("B", "T", "V"),
-        "softmax(logits) over the vocabulary (the loss takes the logits directly)")
+    rec(
+        "probs",
+        "probabilities",
+        F.softmax(logits, dim=-1),
+        ("B", "T", "V"),
+        "softmax(logits) over the vocabulary (the loss takes the logits directly)",
+    )
     loss = F.cross_entropy(logits.view(T * idx.shape[0], -1), targets.reshape(-1))
     return logits, loss, atts, blocks

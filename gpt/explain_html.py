@@ -37,8 +37,15 @@ font-weight:bold;margin:8px 0}tr.bad td{background:#ffe3e3;color:#8a1c1c;font-we
 .calc td{text-align:left}.calc td:first-child{color:#52606d}
 .layout{display:flex;gap:24px;align-items:flex-start}
 """
-_GROUPS = {"emb": "#fde68a", "norm": "#fecaca", "attn": "#bfdbfe", "mlp": "#bbf7d0",
-           "res": "#e9d5ff", "head": "#fed7aa", "block": "#e5e7eb"}
+_GROUPS = {
+    "emb": "#fde68a",
+    "norm": "#fecaca",
+    "attn": "#bfdbfe",
+    "mlp": "#bbf7d0",
+    "res": "#e9d5ff",
+    "head": "#fed7aa",
+    "block": "#e5e7eb",
+}
 
 
 def _e(s) -> str:
@@ -58,41 +65,61 @@ def _heatmap(weights, allowed, labels, title, cell=None, uid="h") -> str:
     cell = cell or max(16, min(46, 460 // max(T, 1)))
     pad = 0 if small else 96
     size = pad + T * cell
-    out = [(f'<svg class="heatmap" width="{size}" height="{size}" '
-            f'viewBox="0 0 {size} {size}" role="img" aria-label="{_e(title)}">'),
-           (f'<defs><pattern id="hatch-{uid}" width="6" height="6" '
+    out = [
+        (
+            f'<svg class="heatmap" width="{size}" height="{size}" '
+            f'viewBox="0 0 {size} {size}" role="img" aria-label="{_e(title)}">'
+        ),
+        (
+            f'<defs><pattern id="hatch-{uid}" width="6" height="6" '
             'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
             '<rect width="6" height="6" fill="#e4e7eb"/><line x1="0" y1="0" x2="0" y2="6" '
-            'stroke="#9aa5b1" stroke-width="2"/></pattern></defs>')]
+            'stroke="#9aa5b1" stroke-width="2"/></pattern></defs>'
+        ),
+    ]
     for i in range(T):
         if not small:
             y = pad + i * cell + cell / 2 + 4
-            out.append(f'<text x="{pad - 4}" y="{y:.1f}" text-anchor="end" font-size="11">'
-                       f'{_e(_tok(labels[i], 12))}</text>')
+            out.append(
+                f'<text x="{pad - 4}" y="{y:.1f}" text-anchor="end" font-size="11">'
+                f"{_e(_tok(labels[i], 12))}</text>"
+            )
             x = pad + i * cell + cell / 2 + 4
-            out.append(f'<text transform="translate({x:.1f},{pad - 4}) rotate(-55)" '
-                       f'font-size="11">{_e(_tok(labels[i], 12))}</text>')
+            out.append(
+                f'<text transform="translate({x:.1f},{pad - 4}) rotate(-55)" '
+                f'font-size="11">{_e(_tok(labels[i], 12))}</text>'
+            )
         for j in range(T):
             x, y, w = pad + j * cell, pad + i * cell, weights[i][j]
             if allowed[i][j] and small:  # a thumbnail: no tooltip, a fraction of the bytes
-                out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
-                           f'fill="{_heat(w)}"/>')
+                out.append(
+                    f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
+                    f'fill="{_heat(w)}"/>'
+                )
             elif allowed[i][j]:
                 tip = f"query t={i} {labels[i]!r} -> key s={j} {labels[j]!r}: {w:.4f}"
-                out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
-                           f'fill="{_heat(w)}" stroke="#fff"><title>{_e(tip)}</title></rect>')
+                out.append(
+                    f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
+                    f'fill="{_heat(w)}" stroke="#fff"><title>{_e(tip)}</title></rect>'
+                )
                 if cell >= 34:
                     color = "#fff" if w > 0.5 else "#1f2933"
-                    out.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
-                               f'text-anchor="middle" fill="{color}">{w:.2f}</text>')
+                    out.append(
+                        f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
+                        f'text-anchor="middle" fill="{color}">{w:.2f}</text>'
+                    )
             elif small:
-                out.append(f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
-                           f'height="{cell}" fill="#e4e7eb"/>')
+                out.append(
+                    f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
+                    f'height="{cell}" fill="#e4e7eb"/>'
+                )
             else:
                 tip = f"query t={i} -> key s={j}: masked (the future), weight {w:g}"
-                out.append(f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
-                           f'height="{cell}" fill="url(#hatch-{uid})" stroke="#fff">'
-                           f'<title>{_e(tip)}</title></rect>')
+                out.append(
+                    f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
+                    f'height="{cell}" fill="url(#hatch-{uid})" stroke="#fff">'
+                    f"<title>{_e(tip)}</title></rect>"
+                )
     out.append("</svg>")
     return "".join(out)
 
@@ -116,44 +143,75 @@ def _diagram(r) -> str:
     boxes = []  # (key, title, subtitle, group)
     for st in r["stages"]:
         if st["key"] == f"h{L}.ln_1":
-            boxes += [(f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised",
-                       "block") for b in r["blocks"] if b["block"] < L]
+            boxes += [
+                (f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised", "block")
+                for b in r["blocks"]
+                if b["block"] < L
+            ]
         if st["key"] == "ln_f":
-            boxes += [(f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised",
-                       "block") for b in r["blocks"] if b["block"] > L]
-        boxes.append((st["key"], st["name"], "(" + ", ".join(
-            f"{a}={n}" if a not in "1" else "1" for a, n in zip(st["axes"], st["shape"])) + ")",
-            _group(st["key"])))
+            boxes += [
+                (f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised", "block")
+                for b in r["blocks"]
+                if b["block"] > L
+            ]
+        boxes.append(
+            (
+                st["key"],
+                st["name"],
+                "("
+                + ", ".join(
+                    f"{a}={n}" if a not in "1" else "1" for a, n in zip(st["axes"], st["shape"])
+                )
+                + ")",
+                _group(st["key"]),
+            )
+        )
     boxes.append(("loss", "loss", f"cross-entropy = {r['loss']['value']:.4f}", "head"))
     bw, bh, gap, x0 = 300, 36, 14, 70
     height = len(boxes) * (bh + gap) + 10
     y_of = {key: 8 + k * (bh + gap) for k, (key, *_) in enumerate(boxes)}
-    out = [(f'<svg class="diagram" width="{x0 + bw + 330}" height="{height}" role="img" '
-            'aria-label="stages of the forward pass">'),
-           ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+    out = [
+        (
+            f'<svg class="diagram" width="{x0 + bw + 330}" height="{height}" role="img" '
+            'aria-label="stages of the forward pass">'
+        ),
+        (
+            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
             'markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z" fill="#52606d"/></marker>'
-            '</defs>')]
+            "</defs>"
+        ),
+    ]
     formulas = {st["key"]: st["formula"] for st in r["stages"]}
     for k, (key, title, sub, grp) in enumerate(boxes):
         y = y_of[key]
         if k:
-            out.append(f'<line x1="{x0 + bw / 2}" y1="{y - gap}" x2="{x0 + bw / 2}" y2="{y}" '
-                       'stroke="#52606d" marker-end="url(#arrow)"/>')
-        out.append(f'<rect x="{x0}" y="{y}" width="{bw}" height="{bh}" rx="6" '
-                   f'fill="{_GROUPS[grp]}" stroke="#7b8794"><title>{_e(formulas.get(key, sub))}'
-                   f'</title></rect>')
-        out.append(f'<text x="{x0 + 10}" y="{y + 15}" font-size="12" font-weight="bold">'
-                   f'{_e(title)}</text><text x="{x0 + 10}" y="{y + 29}" font-size="11" '
-                   f'fill="#334e68">{_e(sub)}</text>')
+            out.append(
+                f'<line x1="{x0 + bw / 2}" y1="{y - gap}" x2="{x0 + bw / 2}" y2="{y}" '
+                'stroke="#52606d" marker-end="url(#arrow)"/>'
+            )
+        out.append(
+            f'<rect x="{x0}" y="{y}" width="{bw}" height="{bh}" rx="6" '
+            f'fill="{_GROUPS[grp]}" stroke="#7b8794"><title>{_e(formulas.get(key, sub))}'
+            f"</title></rect>"
+        )
+        out.append(
+            f'<text x="{x0 + 10}" y="{y + 15}" font-size="12" font-weight="bold">'
+            f'{_e(title)}</text><text x="{x0 + 10}" y="{y + 29}" font-size="11" '
+            f'fill="#334e68">{_e(sub)}</text>'
+        )
         if key in formulas:
-            out.append(f'<text x="{x0 + bw + 12}" y="{y + 22}" font-size="11" fill="#52606d">'
-                       f'{_e(formulas[key])}</text>')
+            out.append(
+                f'<text x="{x0 + bw + 12}" y="{y + 22}" font-size="11" fill="#52606d">'
+                f"{_e(formulas[key])}</text>"
+            )
     # skip connections: block input -> residual 1, residual 1 -> residual 2
     before_ln1 = boxes[[b[0] for b in boxes].index(f"h{L}.ln_1") - 1][0]
     for src, dst in ((before_ln1, f"h{L}.resid_1"), (f"h{L}.resid_1", f"h{L}.resid_2")):
         y1, y2 = y_of[src] + bh / 2, y_of[dst] + bh / 2
-        out.append(f'<path d="M{x0},{y1} C{x0 - 60},{y1} {x0 - 60},{y2} {x0},{y2}" fill="none" '
-                   'stroke="#7c3aed" stroke-width="1.5" marker-end="url(#arrow)"/>')
+        out.append(
+            f'<path d="M{x0},{y1} C{x0 - 60},{y1} {x0 - 60},{y2} {x0},{y2}" fill="none" '
+            'stroke="#7c3aed" stroke-width="1.5" marker-end="url(#arrow)"/>'
+        )
     out.append("</svg>")
     return "".join(out)
 
@@ -163,88 +221,134 @@ def render_html(r: dict) -> str:
     d, c, shown = r["dims"], r["config"], r["shown"]
     labels = r["tokens"]["text"][:-1]
     T = d["T"]
-    p = ['<!doctype html><html lang="en"><head><meta charset="utf-8">',
-         f"<title>gpt-explain: {_e(r['prompt'])}</title><style>{_CSS}</style></head><body>",
-         f"<h1>One training step on &ldquo;{_e(r['prompt'])}&rdquo;</h1>",
-         (f'<p class="meta">{_e(r.get("source", "GPT"))}: n_layer={c["n_layer"]}, '
-          f'n_head={c["n_head"]}, n_embd={c["n_embd"]}, vocab_size={c["vocab_size"]} '
-          f'({c["n_params"]:,} parameters), {_e(r["tokenizer"]["kind"])} tokenizer, seed '
-          f'{r["seed"]}. B=1, T={T}, C={d["C"]}, nh={d["nh"]}, hs={d["hs"]}, V={d["V"]}.</p>')]
+    p = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        f"<title>gpt-explain: {_e(r['prompt'])}</title><style>{_CSS}</style></head><body>",
+        f"<h1>One training step on &ldquo;{_e(r['prompt'])}&rdquo;</h1>",
+        (
+            f'<p class="meta">{_e(r.get("source", "GPT"))}: n_layer={c["n_layer"]}, '
+            f"n_head={c['n_head']}, n_embd={c['n_embd']}, vocab_size={c['vocab_size']} "
+            f"({c['n_params']:,} parameters), {_e(r['tokenizer']['kind'])} tokenizer, seed "
+            f"{r['seed']}. B=1, T={T}, C={d['C']}, nh={d['nh']}, hs={d['hs']}, V={d['V']}.</p>"
+        ),
+    ]
     p += [f'<p class="note">{_e(n)}</p>' for n in r["notes"]]
     if r["no_gradient"]:
-        p.append(f'<div class="alarm">{len(r["no_gradient"])} parameter(s) received NO '
-                 "GRADIENT: " + ", ".join(_e(f"{e['name']} ({e['status']})")
-                                          for e in r["no_gradient"]) + "</div>")
+        p.append(
+            f'<div class="alarm">{len(r["no_gradient"])} parameter(s) received NO '
+            "GRADIENT: "
+            + ", ".join(_e(f"{e['name']} ({e['status']})") for e in r["no_gradient"])
+            + "</div>"
+        )
     p.append("<h2>1. Tokens: inputs and targets</h2><div>")
-    p += [f'<span class="chip">{_e(_tok(s))}<small>{i}</small></span>'
-          for i, s in zip(r["tokens"]["ids"], r["tokens"]["text"])]
-    p.append('</div><table><tr><th>t</th><th class="l">input x<sub>t</sub></th>'
-             '<th class="l">target y<sub>t</sub> = x<sub>t+1</sub></th></tr>')
-    p += [f'<tr><td>{q["position"]}</td><td class="l mono">{q["input_id"]} {_e(_tok(q["input"]))}'
-          f'</td><td class="l mono">{q["target_id"]} {_e(_tok(q["target"]))}</td></tr>'
-          for q in r["pairs"]]
+    p += [
+        f'<span class="chip">{_e(_tok(s))}<small>{i}</small></span>'
+        for i, s in zip(r["tokens"]["ids"], r["tokens"]["text"])
+    ]
+    p.append(
+        '</div><table><tr><th>t</th><th class="l">input x<sub>t</sub></th>'
+        '<th class="l">target y<sub>t</sub> = x<sub>t+1</sub></th></tr>'
+    )
+    p += [
+        f'<tr><td>{q["position"]}</td><td class="l mono">{q["input_id"]} {_e(_tok(q["input"]))}'
+        f'</td><td class="l mono">{q["target_id"]} {_e(_tok(q["target"]))}</td></tr>'
+        for q in r["pairs"]
+    ]
     p.append("</table>")
-    p.append(f"<h2>2. The forward pass, block {shown['layer']} in full</h2>"
-             f'<div class="layout"><div>{_diagram(r)}</div></div>')
-    p.append(f'<table><tr><th class="l">stage</th><th class="l">formula</th><th>shape</th>'
-             f'<th class="l">values at t={shown["position"]}, head {shown["heads"][0]}</th>'
-             "<th>‖∂L/∂·‖</th></tr>")
+    p.append(
+        f"<h2>2. The forward pass, block {shown['layer']} in full</h2>"
+        f'<div class="layout"><div>{_diagram(r)}</div></div>'
+    )
+    p.append(
+        f'<table><tr><th class="l">stage</th><th class="l">formula</th><th>shape</th>'
+        f'<th class="l">values at t={shown["position"]}, head {shown["heads"][0]}</th>'
+        "<th>‖∂L/∂·‖</th></tr>"
+    )
     for st in r["stages"]:
         vals = " ".join(_f(v) for v in st["values"])
-        p.append(f'<tr><td class="l">{_e(st["name"])}</td><td class="l">{_e(st["formula"])}</td>'
-                 f'<td class="mono">{_e(_shape(st["shape"], st["axes"]))}</td><td class="l mono">'
-                 f'{_e(st["at"])} {_e(vals)}</td><td>{_g(st["grad_norm"])}</td></tr>')
-    p.append('</table><table><tr><th>block</th><th>rms in</th><th>+ attention</th>'
-             '<th>+ MLP</th><th>rms out</th><th>‖∂L/∂out‖</th></tr>')
-    p += [f'<tr><td>{b["block"]}{" (full)" if b["full"] else ""}</td><td>{b["rms_in"]:.4f}</td>'
-          f'<td>{b["rms_attn"]:.4f}</td><td>{b["rms_mlp"]:.4f}</td><td>{b["rms_out"]:.4f}</td>'
-          f'<td>{_g(b["grad_norm_out"])}</td></tr>' for b in r["blocks"]]
+        p.append(
+            f'<tr><td class="l">{_e(st["name"])}</td><td class="l">{_e(st["formula"])}</td>'
+            f'<td class="mono">{_e(_shape(st["shape"], st["axes"]))}</td><td class="l mono">'
+            f"{_e(st['at'])} {_e(vals)}</td><td>{_g(st['grad_norm'])}</td></tr>"
+        )
+    p.append(
+        "</table><table><tr><th>block</th><th>rms in</th><th>+ attention</th>"
+        "<th>+ MLP</th><th>rms out</th><th>‖∂L/∂out‖</th></tr>"
+    )
+    p += [
+        f"<tr><td>{b['block']}{' (full)' if b['full'] else ''}</td><td>{b['rms_in']:.4f}</td>"
+        f"<td>{b['rms_attn']:.4f}</td><td>{b['rms_mlp']:.4f}</td><td>{b['rms_out']:.4f}</td>"
+        f"<td>{_g(b['grad_norm_out'])}</td></tr>"
+        for b in r["blocks"]
+    ]
     p.append("</table>")
     a = r["attention"]
-    p.append(f"<h2>3. Attention weights of block {a['layer']}</h2><p>Rows are queries t, columns "
-             "keys s; hatched cells are the future (masked to -inf before the softmax, so their "
-             "weight is exactly 0); every row sums to 1.</p><div class=\"heads\">")
+    p.append(
+        f"<h2>3. Attention weights of block {a['layer']}</h2><p>Rows are queries t, columns "
+        "keys s; hatched cells are the future (masked to -inf before the softmax, so their "
+        'weight is exactly 0); every row sums to 1.</p><div class="heads">'
+    )
     for h in a["heads"]:
         n = h["head"]
         svg = _heatmap(h["weights"], r["causal_mask"], labels, f"head {n}", uid=f"h{n}")
         p.append(f"<figure>{svg}<figcaption>head {n}</figcaption></figure>")
-    p.append("</div><h3>Every block and head</h3><div class=\"thumbs\">")
+    p.append('</div><h3>Every block and head</h3><div class="thumbs">')
     small = max(3, min(10, 80 // T))
     for li, layer_att in enumerate(r["attention_all"]):
         for hi, w in enumerate(layer_att):
-            svg = _heatmap(w, r["causal_mask"], labels, f"block {li} head {hi}", cell=small,
-                           uid=f"a{li}_{hi}")
+            svg = _heatmap(
+                w, r["causal_mask"], labels, f"block {li} head {hi}", cell=small, uid=f"a{li}_{hi}"
+            )
             p.append(f"<figure>{svg}<figcaption>b{li} h{hi}</figcaption></figure>")
     p.append("</div>")
     nt = r["next_token"]
-    p.append(f"<h2>4. Next token after {_e(_tok(nt['input']))} (t={nt['position']})</h2><table>"
-             '<tr><th class="l">token</th><th>id</th><th>p</th><th class="l"></th></tr>')
+    p.append(
+        f"<h2>4. Next token after {_e(_tok(nt['input']))} (t={nt['position']})</h2><table>"
+        '<tr><th class="l">token</th><th>id</th><th>p</th><th class="l"></th></tr>'
+    )
     top = max(e["prob"] for e in nt["top"])
-    p += [f'<tr><td class="l mono">{_e(_tok(e["token"]))}</td><td>{e["id"]}</td>'
-          f'<td>{e["prob"]:.5f}</td><td class="l"><span class="bar" style="width:'
-          f'{200 * e["prob"] / top:.0f}px"></span>{" target" if e["id"] == nt["target_id"] else ""}'
-          "</td></tr>" for e in nt["top"]]
+    p += [
+        f'<tr><td class="l mono">{_e(_tok(e["token"]))}</td><td>{e["id"]}</td>'
+        f'<td>{e["prob"]:.5f}</td><td class="l"><span class="bar" style="width:'
+        f'{200 * e["prob"] / top:.0f}px"></span>{" target" if e["id"] == nt["target_id"] else ""}'
+        "</td></tr>"
+        for e in nt["top"]
+    ]
     lo = r["loss"]
-    p.append(f"</table><h2>5. Loss = mean of -log p(target) = {lo['value']:.6f}</h2><table>"
-             '<tr><th>t</th><th class="l">target</th><th>p(target)</th><th>-log p</th></tr>')
-    p += [f'<tr><td>{t["position"]}</td><td class="l mono">{_e(_tok(t["target"]))}</td>'
-          f'<td>{t["prob"]:.6f}</td><td>{t["loss"]:.4f}</td></tr>' for t in lo["terms"]]
+    p.append(
+        f"</table><h2>5. Loss = mean of -log p(target) = {lo['value']:.6f}</h2><table>"
+        '<tr><th>t</th><th class="l">target</th><th>p(target)</th><th>-log p</th></tr>'
+    )
+    p += [
+        f'<tr><td>{t["position"]}</td><td class="l mono">{_e(_tok(t["target"]))}</td>'
+        f"<td>{t['prob']:.6f}</td><td>{t['loss']:.4f}</td></tr>"
+        for t in lo["terms"]
+    ]
     p.append(f"</table><p>model(idx, targets) gives {lo['model_forward']:.6f}.</p>")
-    p.append("<h2>6. Backward: ‖∂L/∂w‖ per parameter</h2><table><tr><th class=\"l\">parameter"
-             "</th><th>shape</th><th>‖w‖</th><th>‖∂L/∂w‖</th><th class=\"l\">status</th></tr>")
-    p += [f'<tr class="{"bad" if g["status"] != OK else ""}"><td class="l mono">{_e(g["name"])}'
-          f'</td><td>{"×".join(map(str, g["shape"]))}</td><td>{g["weight_norm"]:.4g}</td>'
-          f'<td>{_g(g["grad_norm"])}</td><td class="l">{_e(g["status"])}</td></tr>'
-          for g in r["gradients"]]
+    p.append(
+        '<h2>6. Backward: ‖∂L/∂w‖ per parameter</h2><table><tr><th class="l">parameter'
+        '</th><th>shape</th><th>‖w‖</th><th>‖∂L/∂w‖</th><th class="l">status</th></tr>'
+    )
+    p += [
+        f'<tr class="{"bad" if g["status"] != OK else ""}"><td class="l mono">{_e(g["name"])}'
+        f"</td><td>{'×'.join(map(str, g['shape']))}</td><td>{g['weight_norm']:.4g}</td>"
+        f'<td>{_g(g["grad_norm"])}</td><td class="l">{_e(g["status"])}</td></tr>'
+        for g in r["gradients"]
+    ]
     ad = r["adamw"]
-    p.append(f"</table><h2>7. AdamW step (lr {ad['lr']:g}, betas {tuple(ad['betas'])}, "
-             f"weight decay {ad['weight_decay']:g})</h2><table><tr><th class=\"l\">parameter"
-             "</th><th>‖Δw‖</th><th>‖Δw‖/‖w‖</th></tr>")
-    p += [f'<tr class="{"bad" if q["skipped"] else ""}"><td class="l mono">{_e(q["name"])}</td>'
-          f'<td>{q["update_norm"]:.3g}</td><td>{_g(q["ratio"])}</td></tr>' for q in ad["params"]]
+    p.append(
+        f"</table><h2>7. AdamW step (lr {ad['lr']:g}, betas {tuple(ad['betas'])}, "
+        f'weight decay {ad["weight_decay"]:g})</h2><table><tr><th class="l">parameter'
+        "</th><th>‖Δw‖</th><th>‖Δw‖/‖w‖</th></tr>"
+    )
+    p += [
+        f'<tr class="{"bad" if q["skipped"] else ""}"><td class="l mono">{_e(q["name"])}</td>'
+        f"<td>{q['update_norm']:.3g}</td><td>{_g(q['ratio'])}</td></tr>"
+        for q in ad["params"]
+    ]
     p.append("</table>")
     calc = "\n".join(_element_text(ad["element"])[1:])  # the h2 above is the title
-    p.append(f"<h2>8. One weight of W_Q by hand</h2><pre class=\"mono\">{_e(calc)}</pre>")
+    p.append(f'<h2>8. One weight of W_Q by hand</h2><pre class="mono">{_e(calc)}</pre>')
     p += _evidence_html(r) + _lens_html(r)
     p.append("</body></html>\n")
     return "\n".join(p)
@@ -254,33 +358,43 @@ def _evidence_html(r) -> list[str]:
     p = []
     fd = r.get("finite_differences") or []
     if fd:
-        p.append("<h2>Evidence: tape gradients against float64 finite differences</h2><table>"
-                 '<tr><th class="l">element</th><th>∂L/∂w (tape, float32)</th>'
-                 "<th>(L(w+h) - L(w-h))/2h (float64)</th><th>rel. error</th><th></th></tr>")
-        p += [f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{_e(e["label"])}'
-              f'{e["index"]}</td><td>{_e(_f6(e["grad"]))}</td><td>{_e(_f6(e["fd"]))}</td>'
-              f'<td>{_g(e["rel_err"])}</td><td>{"agree" if e["agree"] else "DISAGREE"}</td></tr>'
-              for e in fd]
+        p.append(
+            "<h2>Evidence: tape gradients against float64 finite differences</h2><table>"
+            '<tr><th class="l">element</th><th>∂L/∂w (tape, float32)</th>'
+            "<th>(L(w+h) - L(w-h))/2h (float64)</th><th>rel. error</th><th></th></tr>"
+        )
+        p += [
+            f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{_e(e["label"])}'
+            f"{e['index']}</td><td>{_e(_f6(e['grad']))}</td><td>{_e(_f6(e['fd']))}</td>"
+            f"<td>{_g(e['rel_err'])}</td><td>{'agree' if e['agree'] else 'DISAGREE'}</td></tr>"
+            for e in fd
+        ]
         p.append("</table>")
     es = r.get("embedding_split") or {}
     if es.get("tied"):
-        p.append("<h2>The tied embedding's gradient: from the logits + from the lookup</h2>"
-                 f"<p>‖from the logits H·Eᵀ‖ = {es['logits_norm']:.6g}, ‖from the lookup E[x]‖ = "
-                 f"{es['lookup_norm']:.6g}; their sum has norm {es['sum_norm']:.6g}, E's gradient "
-                 f"{es['total_norm']:.6g}; max |sum − E.grad| = {es['max_abs_diff']:.1e}.</p>"
-                 '<table><tr><th class="l">token row</th><th>‖logits part‖</th>'
-                 "<th>‖lookup part‖</th><th>‖total‖</th></tr>")
-        p += [f'<tr><td class="l mono">{_e(_tok(w["token"]))}</td><td>{w["logits_norm"]:.4g}</td>'
-              f'<td>{w["lookup_norm"]:.4g}</td><td>{w["total_norm"]:.4g}</td></tr>'
-              for w in es["rows"]]
+        p.append(
+            "<h2>The tied embedding's gradient: from the logits + from the lookup</h2>"
+            f"<p>‖from the logits H·Eᵀ‖ = {es['logits_norm']:.6g}, ‖from the lookup E[x]‖ = "
+            f"{es['lookup_norm']:.6g}; their sum has norm {es['sum_norm']:.6g}, E's gradient "
+            f"{es['total_norm']:.6g}; max |sum − E.grad| = {es['max_abs_diff']:.1e}.</p>"
+            '<table><tr><th class="l">token row</th><th>‖logits part‖</th>'
+            "<th>‖lookup part‖</th><th>‖total‖</th></tr>"
+        )
+        p += [
+            f'<tr><td class="l mono">{_e(_tok(w["token"]))}</td><td>{w["logits_norm"]:.4g}</td>'
+            f"<td>{w['lookup_norm']:.4g}</td><td>{w['total_norm']:.4g}</td></tr>"
+            for w in es["rows"]
+        ]
         p.append("</table>")
     c = r.get("loss_change")
     if c:
-        p.append("<h2>Did the update do what the gradient promised?</h2>"
-                 f"<p>Predicted to first order, ΔL ≈ Σ g·Δw = <b>{c['predicted']:+.6e}</b>; "
-                 f"measured in float64, L after − L before = {c['loss_after']:.8f} − "
-                 f"{c['loss_before']:.8f} = <b>{c['measured']:+.6e}</b> (ratio "
-                 f"{_g(c['ratio'])}; the rest is second order in lr).</p>")
+        p.append(
+            "<h2>Did the update do what the gradient promised?</h2>"
+            f"<p>Predicted to first order, ΔL ≈ Σ g·Δw = <b>{c['predicted']:+.6e}</b>; "
+            f"measured in float64, L after − L before = {c['loss_after']:.8f} − "
+            f"{c['loss_before']:.8f} = <b>{c['measured']:+.6e}</b> (ratio "
+            f"{_g(c['ratio'])}; the rest is second order in lr).</p>"
+        )
     return p
 
 
@@ -293,22 +407,31 @@ def _lens_html(r) -> list[str]:
     t = r["shown"]["position"]
     if lens:
         nt = r["predictions"][t]
-        p.append(f"<h2>Logit lens at t={t} (after {_e(_tok(nt['input']))}, target "
-                 f"{_e(_tok(nt['target']))})</h2><p>The residual stream after each block, read "
-                 "through ln_f and the unembedding as if the model ended there.</p><table>"
-                 '<tr><th class="l">read after</th><th>lens loss</th><th>p(target)</th>'
-                 '<th class="l">top tokens</th></tr>')
+        p.append(
+            f"<h2>Logit lens at t={t} (after {_e(_tok(nt['input']))}, target "
+            f"{_e(_tok(nt['target']))})</h2><p>The residual stream after each block, read "
+            "through ln_f and the unembedding as if the model ended there.</p><table>"
+            '<tr><th class="l">read after</th><th>lens loss</th><th>p(target)</th>'
+            '<th class="l">top tokens</th></tr>'
+        )
         for lay in lens["layers"]:
             q = lay["positions"][t]
             top = ", ".join(f"{_tok(e['token'])} {e['prob']:.3f}" for e in q["top"])
-            p.append(f'<tr><td class="l">{_e(lay["after"])}</td><td>{lay["loss"]:.4f}</td>'
-                     f'<td>{q["target_prob"]:.5f}</td><td class="l mono">{_e(top)}</td></tr>')
+            p.append(
+                f'<tr><td class="l">{_e(lay["after"])}</td><td>{lay["loss"]:.4f}</td>'
+                f'<td>{q["target_prob"]:.5f}</td><td class="l mono">{_e(top)}</td></tr>'
+            )
         p.append("</table>")
     if a:
-        p.append(f"<h2>Head ablation: Δloss when one head's output is zeroed (loss "
-                 f"{a['loss']:.6f})</h2><table><tr><th>block \\ head</th>"
-                 + "".join(f"<th>{h}</th>" for h in range(len(a["delta"][0]))) + "</tr>")
-        p += [f"<tr><td>{i}</td>" + "".join(f"<td>{d:+.3e}</td>" for d in row) + "</tr>"
-              for i, row in enumerate(a["delta"])]
+        p.append(
+            f"<h2>Head ablation: Δloss when one head's output is zeroed (loss "
+            f"{a['loss']:.6f})</h2><table><tr><th>block \\ head</th>"
+            + "".join(f"<th>{h}</th>" for h in range(len(a["delta"][0])))
+            + "</tr>"
+        )
+        p += [
+            f"<tr><td>{i}</td>" + "".join(f"<td>{d:+.3e}</td>" for d in row) + "</tr>"
+            for i, row in enumerate(a["delta"])
+        ]
         p.append("</table>")
     return p

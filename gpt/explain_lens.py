@@ -34,9 +34,15 @@ def _readout(logits, ids, decode, top_k):
     rows = []
     for t in range(lg.shape[0]):
         order = np.argsort(-p[t], kind="stable")[:top_k]
-        rows.append({"position": t, "target_prob": float(p[t, ids[t + 1]]),
-                     "top": [{"id": int(j), "token": decode(int(j)), "prob": float(p[t, j])}
-                             for j in order]})
+        rows.append(
+            {
+                "position": t,
+                "target_prob": float(p[t, ids[t + 1]]),
+                "top": [
+                    {"id": int(j), "token": decode(int(j)), "prob": float(p[t, j])} for j in order
+                ],
+            }
+        )
     return rows
 
 
@@ -52,9 +58,14 @@ def logit_lens(model, idx, targets, ids, decode, top_k: int = 3) -> dict:
             if i >= 0:
                 x = block_forward(model.transformer.h[i], i, x, allowed)[0]
             logits = unembed(model, x)
-            layers.append({"after": "embeddings" if i < 0 else f"block {i}", "block": i,
-                           "loss": _loss(logits, targets),
-                           "positions": _readout(logits, ids, decode, top_k)})
+            layers.append(
+                {
+                    "after": "embeddings" if i < 0 else f"block {i}",
+                    "block": i,
+                    "loss": _loss(logits, targets),
+                    "positions": _readout(logits, ids, decode, top_k),
+                }
+            )
     return {"top_k": top_k, "layers": layers}
 
 
@@ -72,9 +83,14 @@ def ablated_loss(model, idx, targets, layer: int, head: int) -> float:
 def head_ablation(model, idx, targets, loss: float) -> dict:
     """Δloss of zeroing each head, as a (n_layer, n_head) table."""
     c = model.config
-    delta = [[ablated_loss(model, idx, targets, i, h) - loss for h in range(c.n_head)]
-             for i in range(c.n_layer)]
+    delta = [
+        [ablated_loss(model, idx, targets, i, h) - loss for h in range(c.n_head)]
+        for i in range(c.n_layer)
+    ]
     flat = [(abs(d), i, h) for i, row in enumerate(delta) for h, d in enumerate(row)]
     _, i, h = max(flat)
-    return {"loss": loss, "delta": delta, "most_important": {"layer": i, "head": h,
-                                                             "delta": delta[i][h]}}
+    return {
+        "loss": loss,
+        "delta": delta,
+        "most_important": {"layer": i, "head": h, "delta": delta[i][h]},
+    }

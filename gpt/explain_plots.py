@@ -33,8 +33,11 @@ def save_steps_png(t: dict, path) -> str:
     for k, f in enumerate(t["followed"]):
         col = [s["followed"][k] for s in steps]
         name = f"{f['label']}[{f['index'][0]}, {f['index'][1]}]"
-        series = (("value w", [e["value"] for e in col]),
-                  ("gradient g, Adam's m", None), ("update Δw", [e["update"] for e in col]))
+        series = (
+            ("value w", [e["value"] for e in col]),
+            ("gradient g, Adam's m", None),
+            ("update Δw", [e["update"] for e in col]),
+        )
         for c, (title, ys) in enumerate(series):
             a = fig.add_subplot(2 + nf, 3, 3 * (k + 1) + c + 1)
             if ys is None:
@@ -48,8 +51,7 @@ def save_steps_png(t: dict, path) -> str:
     for k, sn in enumerate(t["snapshots"][:cols]):
         a = fig.add_subplot(2 + nf, cols, (1 + nf) * cols + k + 1)
         w = np.array(sn["weights"])
-        a.imshow(np.where(np.tril(np.ones_like(w, bool)), w, np.nan), cmap="Blues", vmin=0,
-                 vmax=1)
+        a.imshow(np.where(np.tril(np.ones_like(w, bool)), w, np.nan), cmap="Blues", vmin=0, vmax=1)
         a.set_title(f"block {sn['layer']} head {sn['head']}, step {sn['step']}", fontsize=9)
         a.set_xticks([])
         a.set_yticks([])

@@ -1,10 +1,10 @@
-'''The page that ``gpt-explain --serve`` serves: HTML, CSS and a script in one string.
+"""The page that ``gpt-explain --serve`` serves: HTML, CSS and a script in one string.
 
 The script asks the local server for one training step at a time (POST /api/step) and draws
 the report it gets back; changing the block, head or position redraws from the last report at
 once and applies to the next step. Every number shown carries its exact value in a
 ``data-value`` attribute, so that a test reading the page can compare it with the report.
-'''
+"""
 
 PAGE = r"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>gpt-explain: watch a GPT learn</title>

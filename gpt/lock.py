@@ -47,18 +47,23 @@ class RunLock:
             holder = _read_pid(fd)
             os.close(fd)
             who = f"PID {holder}" if holder else "another process"
-            raise LockError(f"{self.path.parent} is in use by another gpt-train ({who} holds "
-                            f"{self.path}); wait for it to finish, stop it, or choose another "
-                            "--out-dir") from None
+            raise LockError(
+                f"{self.path.parent} is in use by another gpt-train ({who} holds "
+                f"{self.path}); wait for it to finish, stop it, or choose another "
+                "--out-dir"
+            ) from None
         except OSError as e:  # e.g. a file system without locks
             os.close(fd)
-            raise LockError(f"cannot lock {self.path} ({e.strerror}); put --out-dir on a local "
-                            "file system") from None
+            raise LockError(
+                f"cannot lock {self.path} ({e.strerror}); put --out-dir on a local file system"
+            ) from None
         old = _read_pid(fd)
         if old and old != os.getpid():
             state = "still running but not holding it" if _pid_alive(old) else "no longer running"
-            self.note = (f"taking over the stale lock {self.path} of PID {old} ({state}; it "
-                         "did not exit cleanly)")
+            self.note = (
+                f"taking over the stale lock {self.path} of PID {old} ({state}; it "
+                "did not exit cleanly)"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd

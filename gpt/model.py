@@ -14,8 +14,7 @@ import numpy as np
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad import nn
-from tensorgrad import as_array, get_array_module, to_device, to_numpy
+from tensorgrad import as_array, get_array_module, nn, to_device, to_numpy
 from tensorgrad import generator as rng
 
 from .config import GPTConfig
@@ -64,8 +63,9 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(layer, k, v)  # (B, nh, S, hs)
         p = self.dropout if self.training else 0.0
         if self.fused:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                               is_causal=mask is None)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None
+            )
         else:
             S = k.shape[2]
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
@@ -110,13 +110,15 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(config.vocab_size, config.n_embd),  # token embedding E
-            "wpe": nn.Embedding(config.block_size, config.n_embd),  # position embedding
-            "drop": nn.Dropout(config.dropout),
-            "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            "ln_f": nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, config.n_embd),  # token embedding E
+                "wpe": nn.Embedding(config.block_size, config.n_embd),  # position embedding
+                "drop": nn.Dropout(config.dropout),
+                "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                "ln_f": nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+            }
+        )
         if config.tie_weights:
             self.lm_head = None  # the unembedding is transformer.wte.weight itself
         else:
@@ -185,7 +187,9 @@ class GPT(nn.Module):
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= V:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, {V}) (vocab_size)")
+                raise ValueError(
+                    f"token id {lo if lo < 0 else hi} is outside [0, {V}) (vocab_size)"
+                )
         return idx
 
     def _masks(self, idx, attention_mask, doc_sep, offset: int, S: int):
@@ -213,8 +217,14 @@ class GPT(nn.Module):
             pos = t - start
         return pos, allowed[:, None]  # (B, 1, T, S)
 
-    def forward(self, idx, targets=None, attention_mask=None, doc_sep: int | None = None,
-                cache: KVCache | None = None):
+    def forward(
+        self,
+        idx,
+        targets=None,
+        attention_mask=None,
+        doc_sep: int | None = None,
+        cache: KVCache | None = None,
+    ):
         """Logits and loss. idx: (B, T) token ids.
 
         With targets (B, T): logits (B, T, V) and the mean cross-entropy over positions whose
@@ -245,8 +255,9 @@ class GPT(nn.Module):
         t = as_array(targets)
         if t.shape != (B, T):
             raise ValueError(f"targets must have shape {(B, T)}, got {tuple(t.shape)}")
-        loss = F.cross_entropy(logits.view(B * T, -1), t.reshape(-1).astype(np.int64),
-                               ignore_index=-1)
+        loss = F.cross_entropy(
+            logits.view(B * T, -1), t.reshape(-1).astype(np.int64), ignore_index=-1
+        )
         return logits, loss
 
     def set_fused_attention(self, fused: bool) -> None:
@@ -254,8 +265,7 @@ class GPT(nn.Module):
             block.attn.fused = fused
 
     # ------------------------------------------------------------------ optimisation
-    def configure_optimizers(self, weight_decay: float, learning_rate: float,
-                             betas=(0.9, 0.95)):
+    def configure_optimizers(self, weight_decay: float, learning_rate: float, betas=(0.9, 0.95)):
         """AdamW with decay on every ≥2-D parameter (matmul weights, embeddings) only."""
         from .optim import AdamW
 
@@ -269,10 +279,18 @@ class GPT(nn.Module):
         return AdamW(groups, lr=learning_rate, betas=betas)
 
     # ------------------------------------------------------------------ generation
-    def generate_stream(self, idx, max_new_tokens: int, temperature: float = 1.0,
-                        top_k: int | None = None, top_p: float | None = None,
-                        eos_token_id: int | None = None, seed: int | None = None,
-                        use_cache: bool = True, suppress_tokens=None):
+    def generate_stream(
+        self,
+        idx,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+        suppress_tokens=None,
+    ):
         """Yield (B,) arrays of new tokens one step at a time (see ``generate``)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -294,7 +312,9 @@ class GPT(nn.Module):
                     window = ctx[:, -bs:]
                 elif cache is None or cache.length >= bs:
                     # (re)fill the cache from the context window, then go one token at a time
-                    cache = KVCache(self.config, ctx.shape[0], xp, self.transformer.wte.weight.dtype)
+                    cache = KVCache(
+                        self.config, ctx.shape[0], xp, self.transformer.wte.weight.dtype
+                    )
                     window = ctx[:, -bs:]
                 # per step, not a decorator: no_grad around a generator function ends before
                 # its body runs, and must not stay on while the caller runs between tokens
@@ -315,10 +335,18 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
 
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None,
-                 eos_token_id: int | None = None, seed: int | None = None,
-                 use_cache: bool = True, suppress_tokens=None) -> np.ndarray:
+    def generate(
+        self,
+        idx,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+        suppress_tokens=None,
+    ) -> np.ndarray:
         """The prompt (B, T) followed by up to max_new_tokens sampled tokens, (B, T + new).
 
         temperature 0 is greedy; top_k keeps the k likeliest tokens, top_p the smallest set
@@ -328,8 +356,19 @@ class GPT(nn.Module):
         Token ids in suppress_tokens are never sampled (e.g. a tokenizer's unknown token).
         """
         prompt = to_numpy(self._check_idx(idx)).astype(np.int64)
-        new = list(self.generate_stream(prompt, max_new_tokens, temperature, top_k, top_p,
-                                        eos_token_id, seed, use_cache, suppress_tokens))
+        new = list(
+            self.generate_stream(
+                prompt,
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                eos_token_id,
+                seed,
+                use_cache,
+                suppress_tokens,
+            )
+        )
         if not new:
             return prompt
         return np.concatenate([prompt, np.stack(new, axis=1)], axis=1)
@@ -350,8 +389,9 @@ class GPT(nn.Module):
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context to ``block_size`` (e.g. to fine-tune GPT-2 on shorter windows)."""
         if not 0 < block_size <= self.config.block_size:
-            raise ValueError(f"crop_block_size: {block_size} is not in [1, "
-                             f"{self.config.block_size}]")
+            raise ValueError(
+                f"crop_block_size: {block_size} is not in [1, {self.config.block_size}]"
+            )
         self.config = dataclasses.replace(self.config, block_size=block_size)
         wpe = self.transformer.wpe
         wpe.weight = nn.Parameter(wpe.weight.data[:block_size].copy())

@@ -15,8 +15,9 @@ from tensorgrad.optim import AdamW, adamw_update
 __all__ = ["AdamW", "adamw_update", "clip_grad_norm_", "cosine_lr"]
 
 
-def cosine_lr(it: int, warmup_iters: int, lr_decay_iters: int, max_lr: float,
-              min_lr: float) -> float:
+def cosine_lr(
+    it: int, warmup_iters: int, lr_decay_iters: int, max_lr: float, min_lr: float
+) -> float:
     """Learning rate at iteration ``it``: linear warmup, cosine decay, then a floor.
 
     it < warmup_iters: max_lr·(it+1)/(warmup_iters+1) (never 0, reaches max_lr at warmup_iters);

@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     metrics = Path(a.out_dir) / "metrics.jsonl"
     if not metrics.is_file():
-        print(f"gpt-plot: error: {metrics} does not exist (is {a.out_dir} a gpt-train "
-              "--out-dir?)", file=sys.stderr)
+        print(
+            f"gpt-plot: error: {metrics} does not exist (is {a.out_dir} a gpt-train --out-dir?)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     records = read_metrics(metrics)
     if not records:
@@ -45,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     out = Path(a.output) if a.output else Path(a.out_dir) / "loss.png"
     if not diag.plot_metrics(records, out):
-        print("gpt-plot: error: matplotlib is not installed: pip install -e '.[plot]'",
-              file=sys.stderr)
+        print(
+            "gpt-plot: error: matplotlib is not installed: pip install -e '.[plot]'",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     print(f"wrote {out} ({len(records)} records)")
     return 0

@@ -101,8 +101,13 @@ def save(directory, ckpt: dict, model, optimizer=None) -> None:
         ckpt["optim"] = meta
     atomic_write_json(d / CKPT_JSON, ckpt)  # the commit point
     keep = set(files.values())
-    for pattern in ("model-*.safetensors", "optim-*.safetensors", ".model-*.tmp", ".optim-*.tmp",
-                    f".{CKPT_JSON}.*.tmp"):
+    for pattern in (
+        "model-*.safetensors",
+        "optim-*.safetensors",
+        ".model-*.tmp",
+        ".optim-*.tmp",
+        f".{CKPT_JSON}.*.tmp",
+    ):
         for f in d.glob(pattern):
             if f.name not in keep:
                 f.unlink(missing_ok=True)
@@ -117,8 +122,7 @@ def read_ckpt(directory) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         got = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise CheckpointError(
-            f"{d / CKPT_JSON} is not a gpt-train checkpoint (format {got!r}, "
-            f"expected {FORMAT!r})"
+            f"{d / CKPT_JSON} is not a gpt-train checkpoint (format {got!r}, expected {FORMAT!r})"
         )
     check_ckpt(ckpt, str(d / CKPT_JSON))
     return ckpt
@@ -130,10 +134,14 @@ def _nonneg_int(x) -> bool:
 
 def _pcg64(x) -> bool:
     """A numpy PCG64 bit_generator.state dict."""
-    return (isinstance(x, dict) and x.get("bit_generator") == "PCG64"
-            and isinstance(x.get("state"), dict)
-            and all(_nonneg_int(x["state"].get(k)) for k in ("state", "inc"))
-            and _nonneg_int(x.get("has_uint32")) and _nonneg_int(x.get("uinteger")))
+    return (
+        isinstance(x, dict)
+        and x.get("bit_generator") == "PCG64"
+        and isinstance(x.get("state"), dict)
+        and all(_nonneg_int(x["state"].get(k)) for k in ("state", "inc"))
+        and _nonneg_int(x.get("has_uint32"))
+        and _nonneg_int(x.get("uinteger"))
+    )
 
 
 def _hex64(x) -> bool:
@@ -148,8 +156,13 @@ def check_ckpt(ckpt: dict, where: str) -> None:
     """
     need = v.need
     need(ckpt, "iter", where, _nonneg_int, "a non-negative integer")
-    files = need(ckpt, "files", where, lambda x: isinstance(x, dict) and "model" in x,
-                 'an object naming the "model" file')
+    files = need(
+        ckpt,
+        "files",
+        where,
+        lambda x: isinstance(x, dict) and "model" in x,
+        'an object naming the "model" file',
+    )
     for k in files:
         if k not in ("model", "optim"):
             raise CheckpointError(f"{where}: files has the unknown entry {k!r}")
@@ -159,61 +172,101 @@ def check_ckpt(ckpt: dict, where: str) -> None:
         need(sha, k, f"{where} sha256", _hex64, "64 lowercase hex digits")
     need(ckpt, "model_config", where, lambda x: isinstance(x, dict), "a JSON object")
     v.model_config(ckpt["model_config"], where)
-    tok = need(ckpt, "tokenizer", where, lambda x: isinstance(x, dict) and "type" in x,
-               'an object with a "type"')
+    tok = need(
+        ckpt,
+        "tokenizer",
+        where,
+        lambda x: isinstance(x, dict) and "type" in x,
+        'an object with a "type"',
+    )
     if tok["type"] == "char":
         need(tok, "chars", f"{where} tokenizer", lambda x: isinstance(x, str), "a string")
     elif tok["type"] == "bpe":
-        need(tok, "vocab", f"{where} tokenizer", lambda x: isinstance(x, dict) and all(
-            isinstance(a, str) and _nonneg_int(b) for a, b in x.items()),
-            "an object of token -> non-negative integer id")
-        need(tok, "merges", f"{where} tokenizer", lambda x: isinstance(x, list) and all(
-            isinstance(m, str) for m in x), "a list of strings")
+        need(
+            tok,
+            "vocab",
+            f"{where} tokenizer",
+            lambda x: (
+                isinstance(x, dict)
+                and all(isinstance(a, str) and _nonneg_int(b) for a, b in x.items())
+            ),
+            "an object of token -> non-negative integer id",
+        )
+        need(
+            tok,
+            "merges",
+            f"{where} tokenizer",
+            lambda x: isinstance(x, list) and all(isinstance(m, str) for m in x),
+            "a list of strings",
+        )
     else:
-        raise CheckpointError(f"{where}: tokenizer.type must be 'char' or 'bpe', got "
-                              f"{tok['type']!r}")
+        raise CheckpointError(
+            f"{where}: tokenizer.type must be 'char' or 'bpe', got {tok['type']!r}"
+        )
     for k in ("val_loss", "best_val_loss", "best_train_loss"):
         need(ckpt, k, where, v.is_number, "a finite number or null", optional=True)
-    need(ckpt, "elapsed_s", where, lambda x: v.is_number(x) and x >= 0,
-         "a non-negative number", optional=True)
+    need(
+        ckpt,
+        "elapsed_s",
+        where,
+        lambda x: v.is_number(x) and x >= 0,
+        "a non-negative number",
+        optional=True,
+    )
     need(ckpt, "tokens_seen", where, _nonneg_int, "a non-negative integer", optional=True)
     need(ckpt, "evaluated", where, lambda x: isinstance(x, bool), "true or false", optional=True)
-    need(ckpt, "train_config", where, lambda x: isinstance(x, dict), "a JSON object",
-         optional=True)
+    need(ckpt, "train_config", where, lambda x: isinstance(x, dict), "a JSON object", optional=True)
     rng = need(ckpt, "rng", where, lambda x: isinstance(x, dict), "a JSON object", optional=True)
     if rng is not None:
         need(rng, "seed", f"{where} rng", _nonneg_int, "a non-negative integer")
         need(rng, "cpu", f"{where} rng", _pcg64, "a PCG64 generator state")
-    samplers = need(ckpt, "samplers", where, lambda x: isinstance(x, dict), "a JSON object",
-                    optional=True)
+    samplers = need(
+        ckpt, "samplers", where, lambda x: isinstance(x, dict), "a JSON object", optional=True
+    )
     for name, st in (samplers or {}).items():
         ok = isinstance(st, dict) and _pcg64(st.get("bit_generator"))
         if not ok:
             raise CheckpointError(f"{where}: samplers.{name} must hold a PCG64 generator state")
-    data = need(ckpt, "data", where, lambda x: isinstance(x, dict), "a JSON object",
-                optional=True)
+    data = need(ckpt, "data", where, lambda x: isinstance(x, dict), "a JSON object", optional=True)
     if data is not None:
         for k in ("dir", "source_hash"):
             need(data, k, f"{where} data", lambda x: isinstance(x, str), "a string")
-    optim = need(ckpt, "optim", where, lambda x: isinstance(x, dict), "a JSON object",
-                 optional=True)
+    optim = need(
+        ckpt, "optim", where, lambda x: isinstance(x, dict), "a JSON object", optional=True
+    )
     if optim is not None:
         _check_optim(optim, f"{where} optim")
 
 
 def _check_optim(optim: dict, where: str) -> None:
     def group(g) -> bool:
-        return (isinstance(g, dict) and all(v.is_number(g.get(k)) and g[k] >= 0
-                                            for k in ("lr", "eps", "weight_decay"))
-                and isinstance(g.get("betas"), list) and len(g["betas"]) == 2
-                and all(v.is_number(b) and 0 <= b < 1 for b in g["betas"])
-                and isinstance(g.get("params"), list) and all(map(_nonneg_int, g["params"])))
+        return (
+            isinstance(g, dict)
+            and all(v.is_number(g.get(k)) and g[k] >= 0 for k in ("lr", "eps", "weight_decay"))
+            and isinstance(g.get("betas"), list)
+            and len(g["betas"]) == 2
+            and all(v.is_number(b) and 0 <= b < 1 for b in g["betas"])
+            and isinstance(g.get("params"), list)
+            and all(map(_nonneg_int, g["params"]))
+        )
 
-    v.need(optim, "param_groups", where, lambda x: isinstance(x, list) and all(map(group, x)),
-           "a list of AdamW parameter groups (lr, betas, eps, weight_decay, params)")
-    v.need(optim, "steps", where, lambda x: isinstance(x, dict) and all(
-        k.isascii() and k.isdigit() and _nonneg_int(s) for k, s in x.items()),
-        "an object of parameter index -> non-negative step count")
+    v.need(
+        optim,
+        "param_groups",
+        where,
+        lambda x: isinstance(x, list) and all(map(group, x)),
+        "a list of AdamW parameter groups (lr, betas, eps, weight_decay, params)",
+    )
+    v.need(
+        optim,
+        "steps",
+        where,
+        lambda x: (
+            isinstance(x, dict)
+            and all(k.isascii() and k.isdigit() and _nonneg_int(s) for k, s in x.items())
+        ),
+        "an object of parameter index -> non-negative step count",
+    )
 
 
 def check_model_file(directory, ckpt: dict) -> None:
@@ -259,20 +312,26 @@ def _check_moments(path: Path, ckpt: dict, want: dict) -> None:
     names = {f"state.{i}.{m}" for i in steps for m in ("exp_avg", "exp_avg_sq")}
     if set(header) != names:
         odd = min(set(header) ^ names)
-        raise CheckpointError(f"{path} does not match the optimizer state in ckpt.json "
-                              f"({odd!r} is in one but not the other)")
+        raise CheckpointError(
+            f"{path} does not match the optimizer state in ckpt.json "
+            f"({odd!r} is in one but not the other)"
+        )
     pool = [tuple(s) for s in want.values()]
     for i in steps:
         m, s2 = header[f"state.{i}.exp_avg"], header[f"state.{i}.exp_avg_sq"]
         if m["dtype"] != "F32" or s2["dtype"] != "F32" or m["shape"] != s2["shape"]:
-            raise CheckpointError(f"{path}: the moments of parameter {i} are not two float32 "
-                                  "arrays of one shape; the file is corrupt")
+            raise CheckpointError(
+                f"{path}: the moments of parameter {i} are not two float32 "
+                "arrays of one shape; the file is corrupt"
+            )
         try:
             pool.remove(tuple(m["shape"]))
         except ValueError:
-            raise CheckpointError(f"{path}: the moments of parameter {i} have shape "
-                                  f"{tuple(m['shape'])}, which no (other) parameter of the "
-                                  "model has; the file is corrupt") from None
+            raise CheckpointError(
+                f"{path}: the moments of parameter {i} have shape "
+                f"{tuple(m['shape'])}, which no (other) parameter of the "
+                "model has; the file is corrupt"
+            ) from None
 
 
 def load_model(out_dir, which: str = "best", device: str = "cpu"):
@@ -313,6 +372,8 @@ def checked_tokenizer(ckpt: dict, config, where: str):
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: the tokenizer is invalid ({e})") from None
     if tok.vocab_size != config.vocab_size:
-        raise CheckpointError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model "
-                              f"config {config.vocab_size}; they must be equal")
+        raise CheckpointError(
+            f"{where}: the tokenizer has {tok.vocab_size} tokens but the model "
+            f"config {config.vocab_size}; they must be equal"
+        )
     return tok

@@ -44,9 +44,17 @@ def start_ids(tok, prompt: str | None) -> list[int]:
     return [tok.eot_token_id]
 
 
-def stream_sample(model, tok, prompt_ids: list[int], max_new_tokens: int,
-                  temperature: float = 0.8, top_k: int | None = 200, top_p: float | None = None,
-                  seed: int | None = None, out=None) -> str:
+def stream_sample(
+    model,
+    tok,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 200,
+    top_p: float | None = None,
+    seed: int | None = None,
+    out=None,
+) -> str:
     """Generate one continuation of prompt_ids, writing its text to ``out`` (default stdout)
     piece by piece; stops early at <|endoftext|>. Returns the generated text."""
     import numpy as np
@@ -60,9 +68,16 @@ def stream_sample(model, tok, prompt_ids: list[int], max_new_tokens: int,
     # vocabulary that the tokenizer cannot decode
     suppress = [tok.unk_token_id] if getattr(tok, "unk_token_id", None) is not None else []
     suppress += range(tok.vocab_size, getattr(getattr(model, "config", None), "vocab_size", 0))
-    stream = model.generate_stream(np.array([prompt_ids], dtype=np.int64), max_new_tokens,
-                                   temperature=temperature, top_k=top_k, top_p=top_p,
-                                   eos_token_id=eot, seed=seed, suppress_tokens=suppress or None)
+    stream = model.generate_stream(
+        np.array([prompt_ids], dtype=np.int64),
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eot,
+        seed=seed,
+        suppress_tokens=suppress or None,
+    )
     for nxt in stream:
         t = int(nxt[0])
         if t == eot:
@@ -86,36 +101,72 @@ def build_parser() -> argparse.ArgumentParser:
         "(--init-from), streaming tokens to stdout as they are sampled.",
     )
     src = p.add_argument_group("model")
-    src.add_argument("--out-dir", default=None,
-                     help=f"a gpt-train output directory (default {DEFAULT_OUT_DIR})")
-    src.add_argument("--which", choices=("best", "latest"), default="best",
-                     help="which checkpoint of the run: 'best' (lowest validation loss, the "
-                     "default; falls back to latest if the run has none yet) or 'latest'")
-    src.add_argument("--init-from", default=None, metavar="DIR",
-                     help="a HuggingFace GPT-2 directory (config.json, model.safetensors, "
-                     "vocab.json, merges.txt) instead of a gpt-train run")
+    src.add_argument(
+        "--out-dir", default=None, help=f"a gpt-train output directory (default {DEFAULT_OUT_DIR})"
+    )
+    src.add_argument(
+        "--which",
+        choices=("best", "latest"),
+        default="best",
+        help="which checkpoint of the run: 'best' (lowest validation loss, the "
+        "default; falls back to latest if the run has none yet) or 'latest'",
+    )
+    src.add_argument(
+        "--init-from",
+        default=None,
+        metavar="DIR",
+        help="a HuggingFace GPT-2 directory (config.json, model.safetensors, "
+        "vocab.json, merges.txt) instead of a gpt-train run",
+    )
     gen = p.add_argument_group("generation")
-    gen.add_argument("--prompt", default=None,
-                     help="text to continue (default: a newline for character models, "
-                     "<|endoftext|> otherwise, i.e. start a new document)")
-    gen.add_argument("--prompt-file", default=None, metavar="FILE",
-                     help="read the prompt from a UTF-8 file instead")
+    gen.add_argument(
+        "--prompt",
+        default=None,
+        help="text to continue (default: a newline for character models, "
+        "<|endoftext|> otherwise, i.e. start a new document)",
+    )
+    gen.add_argument(
+        "--prompt-file",
+        default=None,
+        metavar="FILE",
+        help="read the prompt from a UTF-8 file instead",
+    )
     gen.add_argument("--num-samples", type=int, default=3, help="how many samples (default 3)")
-    gen.add_argument("--max-new-tokens", type=int, default=500,
-                     help="tokens to generate per sample (default 500); a sample also ends "
-                     "when the model emits <|endoftext|>")
-    gen.add_argument("--temperature", type=float, default=0.8,
-                     help="divide the logits by this; <1 is more conservative, 0 is greedy "
-                     "(default 0.8)")
-    gen.add_argument("--top-k", type=int, default=200,
-                     help="sample only from the k likeliest tokens (default 200; 0 = off)")
-    gen.add_argument("--top-p", type=float, default=None,
-                     help="nucleus sampling: the smallest set of tokens whose probability "
-                     "reaches p, in (0, 1] (default off)")
-    gen.add_argument("--seed", type=int, default=1337,
-                     help="random seed; sample i uses seed + i (default 1337)")
-    gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                     help="where to run the model (cuda needs CuPy: pip install -e '.[cuda]')")
+    gen.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=500,
+        help="tokens to generate per sample (default 500); a sample also ends "
+        "when the model emits <|endoftext|>",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="divide the logits by this; <1 is more conservative, 0 is greedy (default 0.8)",
+    )
+    gen.add_argument(
+        "--top-k",
+        type=int,
+        default=200,
+        help="sample only from the k likeliest tokens (default 200; 0 = off)",
+    )
+    gen.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="nucleus sampling: the smallest set of tokens whose probability "
+        "reaches p, in (0, 1] (default off)",
+    )
+    gen.add_argument(
+        "--seed", type=int, default=1337, help="random seed; sample i uses seed + i (default 1337)"
+    )
+    gen.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where to run the model (cuda needs CuPy: pip install -e '.[cuda]')",
+    )
     return p
 
 
@@ -141,8 +192,7 @@ def _validate(a) -> None:
     if a.init_from is not None and not Path(a.init_from).is_dir():
         raise UsageError(f"--init-from {a.init_from} is not a directory")
     if a.prompt_file is not None and not Path(a.prompt_file).is_file():
-        raise UsageError(f"--prompt-file {a.prompt_file} does not exist or is not a regular "
-                         "file")
+        raise UsageError(f"--prompt-file {a.prompt_file} does not exist or is not a regular file")
     if a.device == "cuda" and tg.cuda.unavailable_reason() is not None:
         raise UsageError(tg.cuda.unavailable_reason())
 
@@ -161,8 +211,10 @@ def _load(a):
             raise CheckpointError(f"cannot load the tokenizer of {a.init_from}: {e}") from None
         model = GPT.from_pretrained(a.init_from)
         if tok.vocab_size > model.config.vocab_size:
-            raise CheckpointError(f"the tokenizer of {a.init_from} has {tok.vocab_size} tokens "
-                                  f"but its model only {model.config.vocab_size}")
+            raise CheckpointError(
+                f"the tokenizer of {a.init_from} has {tok.vocab_size} tokens "
+                f"but its model only {model.config.vocab_size}"
+            )
         model.to(a.device)
         return model, tok, a.init_from
     out_dir = a.out_dir or DEFAULT_OUT_DIR
@@ -199,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ids = start_ids(tok, prompt)
     if getattr(tok, "kind", "") == "char" and 0 in ids:
-        print("gpt-sample: warning: the prompt has characters the model never saw in training "
-              "(they become <|unk|>)", file=sys.stderr)
+        print(
+            "gpt-sample: warning: the prompt has characters the model never saw in training "
+            "(they become <|unk|>)",
+            file=sys.stderr,
+        )
     print(f"sampling from {where}", file=sys.stderr)
     try:
         for i in range(a.num_samples):
@@ -208,8 +263,16 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write("\n---------------\n")
             if prompt:
                 sys.stdout.write(prompt)
-            stream_sample(model, tok, ids, a.max_new_tokens, a.temperature, a.top_k or None,
-                          a.top_p, seed=a.seed + i)
+            stream_sample(
+                model,
+                tok,
+                ids,
+                a.max_new_tokens,
+                a.temperature,
+                a.top_k or None,
+                a.top_p,
+                seed=a.seed + i,
+            )
         sys.stdout.write("\n")
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. piped into `head`

@@ -106,18 +106,37 @@ class TrainConfig:
     sample_tokens: int = 500  # sample printed at the end; 0 = none
 
 
-INT_FIELDS = {"vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
-              "grad_accum", "max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
-              "eval_iters", "seed", "sample_tokens"}
-FLOAT_FIELDS = {"dropout", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip",
-                "divergence_factor"}
-STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device",
-              "dtype"}
+INT_FIELDS = {
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "batch_size",
+    "grad_accum",
+    "max_iters",
+    "warmup_iters",
+    "lr_decay_iters",
+    "eval_interval",
+    "eval_iters",
+    "seed",
+    "sample_tokens",
+}
+FLOAT_FIELDS = {
+    "dropout",
+    "lr",
+    "min_lr",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "divergence_factor",
+}
+STR_FIELDS = {"dataset", "data", "tokenizer", "preset", "init_from", "out_dir", "device", "dtype"}
 DTYPES = {"float32": "highest", "tf32": "tf32", "bf16": "bf16"}  # -> set_matmul_precision
 MODEL_FIELDS = ("preset", "n_layer", "n_head", "n_embd", "block_size", "dropout")
 # what a resumed run keeps from its checkpoint, whatever the flags say
-FIXED_ON_RESUME = ("dataset", "data", "tokenizer", "vocab_size", "init_from", "seed",
-                   *MODEL_FIELDS)
+FIXED_ON_RESUME = ("dataset", "data", "tokenizer", "vocab_size", "init_from", "seed", *MODEL_FIELDS)
 EXIT_USAGE, EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 2, 1, 130, 143
 
 
@@ -143,84 +162,175 @@ def build_parser() -> argparse.ArgumentParser:
     S = argparse.SUPPRESS  # absent flags stay absent, so lower layers (checkpoint, file) show
     d = TrainConfig()
     p = _Parser(
-        prog="gpt-train", argument_default=S,
+        prog="gpt-train",
+        argument_default=S,
         description="Train a GPT with tensorgrad. With no arguments: a character-level model "
         "on the built-in Shakespeare corpus, about 10 minutes on 2 CPU cores, ending with a "
         "sample. Checkpoints go to --out-dir; --resume continues a run exactly.",
     )
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=("shakespeare",),
-                   help="built-in corpus, downloaded once into the cache ($GPT_CACHE_DIR or "
-                   "~/.cache/tensorgrad-gpt) (default shakespeare)")
-    g.add_argument("--data", metavar="PATH",
-                   help="train on your own UTF-8 text: a file, or a folder of .txt files")
-    g.add_argument("--tokenizer", choices=("char", "bpe"),
-                   help="char: one token per character; bpe: byte-level BPE trained on the "
-                   f"data (default {d.tokenizer})")
+    g.add_argument(
+        "--dataset",
+        choices=("shakespeare",),
+        help="built-in corpus, downloaded once into the cache ($GPT_CACHE_DIR or "
+        "~/.cache/tensorgrad-gpt) (default shakespeare)",
+    )
+    g.add_argument(
+        "--data",
+        metavar="PATH",
+        help="train on your own UTF-8 text: a file, or a folder of .txt files",
+    )
+    g.add_argument(
+        "--tokenizer",
+        choices=("char", "bpe"),
+        help="char: one token per character; bpe: byte-level BPE trained on the "
+        f"data (default {d.tokenizer})",
+    )
     g.add_argument("--vocab-size", type=int, metavar="N", help="BPE vocabulary size (default 4096)")
     g = p.add_argument_group("model")
-    g.add_argument("--preset", metavar="NAME", help=f"model size: one of {', '.join(PRESETS)} (default "
-                   f"{d.preset}); the vocabulary size always comes from the tokenizer")
-    g.add_argument("--n-layer", type=int, metavar="N", help="transformer blocks (default: the preset's)")
+    g.add_argument(
+        "--preset",
+        metavar="NAME",
+        help=f"model size: one of {', '.join(PRESETS)} (default "
+        f"{d.preset}); the vocabulary size always comes from the tokenizer",
+    )
+    g.add_argument(
+        "--n-layer", type=int, metavar="N", help="transformer blocks (default: the preset's)"
+    )
     g.add_argument("--n-head", type=int, metavar="N", help="attention heads; must divide --n-embd")
     g.add_argument("--n-embd", type=int, metavar="N", help="embedding width")
-    g.add_argument("--block-size", type=int, metavar="N",
-                   help="context length in tokens (with --init-from: crop GPT-2's 1024)")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="context length in tokens (with --init-from: crop GPT-2's 1024)",
+    )
     g.add_argument("--dropout", type=float, metavar="X", help="dropout probability in [0, 1)")
-    g.add_argument("--init-from", metavar="DIR",
-                   help="fine-tune a HuggingFace GPT-2 directory (config.json, "
-                   "model.safetensors, vocab.json, merges.txt); its tokenizer is used")
+    g.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="fine-tune a HuggingFace GPT-2 directory (config.json, "
+        "model.safetensors, vocab.json, merges.txt); its tokenizer is used",
+    )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--batch-size", type=int, metavar="N", help=f"sequences per micro-batch ({d.batch_size})")
-    g.add_argument("--grad-accum", type=int, metavar="N",
-                   help=f"micro-batches per optimizer step ({d.grad_accum})")
-    g.add_argument("--max-iters", type=int, metavar="N", help=f"optimizer steps in all ({d.max_iters})")
+    g.add_argument(
+        "--batch-size", type=int, metavar="N", help=f"sequences per micro-batch ({d.batch_size})"
+    )
+    g.add_argument(
+        "--grad-accum",
+        type=int,
+        metavar="N",
+        help=f"micro-batches per optimizer step ({d.grad_accum})",
+    )
+    g.add_argument(
+        "--max-iters", type=int, metavar="N", help=f"optimizer steps in all ({d.max_iters})"
+    )
     g.add_argument("--lr", type=float, metavar="X", help=f"peak learning rate ({d.lr})")
-    g.add_argument("--min-lr", type=float, metavar="X", help=f"learning rate after decay ({d.min_lr})")
-    g.add_argument("--warmup-iters", type=int, metavar="N",
-                   help=f"linear warmup steps ({d.warmup_iters})")
-    g.add_argument("--lr-decay-iters", type=int, metavar="N",
-                   help="cosine decay from --lr to --min-lr ends here (default --max-iters)")
-    g.add_argument("--weight-decay", type=float, metavar="X",
-                   help=f"AdamW decoupled weight decay on matrices ({d.weight_decay})")
+    g.add_argument(
+        "--min-lr", type=float, metavar="X", help=f"learning rate after decay ({d.min_lr})"
+    )
+    g.add_argument(
+        "--warmup-iters", type=int, metavar="N", help=f"linear warmup steps ({d.warmup_iters})"
+    )
+    g.add_argument(
+        "--lr-decay-iters",
+        type=int,
+        metavar="N",
+        help="cosine decay from --lr to --min-lr ends here (default --max-iters)",
+    )
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        metavar="X",
+        help=f"AdamW decoupled weight decay on matrices ({d.weight_decay})",
+    )
     g.add_argument("--beta1", type=float, metavar="X", help=f"AdamW beta1 ({d.beta1})")
     g.add_argument("--beta2", type=float, metavar="X", help=f"AdamW beta2 ({d.beta2})")
-    g.add_argument("--grad-clip", type=float, metavar="X",
-                   help=f"clip the global gradient norm to this; 0 = off ({d.grad_clip})")
-    g.add_argument("--divergence-factor", type=float, metavar="X",
-                   help="stop (keeping the last sane checkpoint) when a training or validation "
-                   "loss exceeds X times the run's best and ln(vocab size), i.e. worse than "
-                   f"uniform guessing; 0 = only NaN/inf stop the run ({d.divergence_factor})")
+    g.add_argument(
+        "--grad-clip",
+        type=float,
+        metavar="X",
+        help=f"clip the global gradient norm to this; 0 = off ({d.grad_clip})",
+    )
+    g.add_argument(
+        "--divergence-factor",
+        type=float,
+        metavar="X",
+        help="stop (keeping the last sane checkpoint) when a training or validation "
+        "loss exceeds X times the run's best and ln(vocab size), i.e. worse than "
+        f"uniform guessing; 0 = only NaN/inf stop the run ({d.divergence_factor})",
+    )
     g = p.add_argument_group("evaluation and output")
-    g.add_argument("--eval-interval", type=int, metavar="N",
-                   help=f"evaluate and checkpoint every N steps ({d.eval_interval})")
-    g.add_argument("--eval-iters", type=int, metavar="N",
-                   help=f"batches per split for each evaluation ({d.eval_iters})")
-    g.add_argument("--out-dir", metavar="DIR", help="checkpoints, metrics.jsonl and loss.png go here "
-                   "(default out/<dataset>-<tokenizer>, e.g. out/shakespeare-char)")
-    g.add_argument("--seed", type=int, metavar="N", help=f"seeds init, dropout and batches ({d.seed})")
-    g.add_argument("--device", choices=("cpu", "cuda"),
-                   help="cpu, or cuda (needs CuPy: pip install -e '.[cuda]') (default cpu)")
-    g.add_argument("--dtype", choices=tuple(DTYPES),
-                   help="matmul precision on the GPU: float32 (default), or tf32 / bf16 tensor "
-                   "cores; weights and AdamW state stay float32 (the CPU always uses float32)")
-    g.add_argument("--diagnose", action="store_true",
-                   help="check at the first step that every parameter gets a finite nonzero "
-                   "gradient, and log per-layer gradient norms and update/weight ratios "
-                   "every evaluation")
-    g.add_argument("--sample-tokens", type=int, metavar="N",
-                   help=f"tokens of the sample printed at the end ({d.sample_tokens})")
-    g.add_argument("--no-sample", dest="sample_tokens", action="store_const", const=0,
-                   help="print no sample at the end")
+    g.add_argument(
+        "--eval-interval",
+        type=int,
+        metavar="N",
+        help=f"evaluate and checkpoint every N steps ({d.eval_interval})",
+    )
+    g.add_argument(
+        "--eval-iters",
+        type=int,
+        metavar="N",
+        help=f"batches per split for each evaluation ({d.eval_iters})",
+    )
+    g.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="checkpoints, metrics.jsonl and loss.png go here "
+        "(default out/<dataset>-<tokenizer>, e.g. out/shakespeare-char)",
+    )
+    g.add_argument(
+        "--seed", type=int, metavar="N", help=f"seeds init, dropout and batches ({d.seed})"
+    )
+    g.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="cpu, or cuda (needs CuPy: pip install -e '.[cuda]') (default cpu)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="matmul precision on the GPU: float32 (default), or tf32 / bf16 tensor "
+        "cores; weights and AdamW state stay float32 (the CPU always uses float32)",
+    )
+    g.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="check at the first step that every parameter gets a finite nonzero "
+        "gradient, and log per-layer gradient norms and update/weight ratios "
+        "every evaluation",
+    )
+    g.add_argument(
+        "--sample-tokens",
+        type=int,
+        metavar="N",
+        help=f"tokens of the sample printed at the end ({d.sample_tokens})",
+    )
+    g.add_argument(
+        "--no-sample",
+        dest="sample_tokens",
+        action="store_const",
+        const=0,
+        help="print no sample at the end",
+    )
     g = p.add_argument_group("run control")
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --out-dir from its latest checkpoint; its config "
-                   "is reused (flags may change e.g. --max-iters, not the model or data)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="start afresh even though --out-dir holds a checkpoint (deletes it)")
-    g.add_argument("--config", metavar="FILE",
-                   help="JSON object with TrainConfig keys (e.g. {\"max_iters\": 500}); "
-                   "command-line flags override it")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out-dir from its latest checkpoint; its config "
+        "is reused (flags may change e.g. --max-iters, not the model or data)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh even though --out-dir holds a checkpoint (deletes it)",
+    )
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        help='JSON object with TrainConfig keys (e.g. {"max_iters": 500}); '
+        "command-line flags override it",
+    )
     return p
 
 
@@ -285,8 +395,9 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
                 layer[k] = str(Path(layer[k]).expanduser().resolve())
     given = {k: v for layer in layers for k, v in layer.items()}
     if control["resume"] and control["overwrite"]:
-        raise UsageError("--resume continues the checkpoint and --overwrite deletes it: "
-                         "give one of them")
+        raise UsageError(
+            "--resume continues the checkpoint and --overwrite deletes it: give one of them"
+        )
     if given.get("data") and given.get("dataset"):
         raise UsageError("give --dataset (built-in corpus) or --data (your text), not both")
     base = dataclasses.asdict(TrainConfig())
@@ -294,16 +405,32 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
     ckpt = None
     if control["resume"]:
         if not rc.has_checkpoint(out_dir):
-            raise UsageError(f"--resume: no checkpoint in {out_dir} (ckpt.json not found); "
-                             "check --out-dir or start without --resume")
+            raise UsageError(
+                f"--resume: no checkpoint in {out_dir} (ckpt.json not found); "
+                "check --out-dir or start without --resume"
+            )
         ckpt = rc.read_ckpt(out_dir)
-        missing = [k for k in ("iter", "model_config", "train_config", "samplers", "rng",
-                               "tokenizer", "data") if k not in ckpt]
+        missing = [
+            k
+            for k in (
+                "iter",
+                "model_config",
+                "train_config",
+                "samplers",
+                "rng",
+                "tokenizer",
+                "data",
+            )
+            if k not in ckpt
+        ]
         if missing:
-            raise CheckpointError(f"{out_dir}/ckpt.json lacks {', '.join(missing)}: it was not "
-                                  "written by gpt-train and cannot be resumed")
-        rc.checked_tokenizer(ckpt, GPTConfig.from_dict(ckpt["model_config"]),
-                             f"{out_dir}/ckpt.json")
+            raise CheckpointError(
+                f"{out_dir}/ckpt.json lacks {', '.join(missing)}: it was not "
+                "written by gpt-train and cannot be resumed"
+            )
+        rc.checked_tokenizer(
+            ckpt, GPTConfig.from_dict(ckpt["model_config"]), f"{out_dir}/ckpt.json"
+        )
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k in fields}
         try:
@@ -314,8 +441,10 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
         for k in FIXED_ON_RESUME:
             if k in given and given[k] != saved.get(k):
                 flag = "--" + k.replace("_", "-")
-                raise UsageError(f"--resume: {flag} {given[k]} differs from the checkpoint's "
-                                 f"{saved.get(k)}; a resumed run keeps its model, data and seed")
+                raise UsageError(
+                    f"--resume: {flag} {given[k]} differs from the checkpoint's "
+                    f"{saved.get(k)}; a resumed run keeps its model, data and seed"
+                )
         base.update(saved)
     cfg = TrainConfig(**{**base, **given, "out_dir": out_dir})
     return cfg, ckpt, control
@@ -324,6 +453,7 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
 def validate(c: TrainConfig, check_paths: bool = True) -> None:
     """Refuse nonsense before any work is done (UsageError names the flag). check_paths=False
     skips what looks at files and devices (a saved config's values only)."""
+
     def positive(name, v):
         if v is not None and v <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {v}")
@@ -335,15 +465,32 @@ def validate(c: TrainConfig, check_paths: bool = True) -> None:
     if not 0 <= c.seed < 2**63:
         raise UsageError(f"--seed must be in 0..2**63-1, got {c.seed}")
 
-    for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters",
-                 "n_layer", "n_head", "n_embd", "block_size", "lr_decay_iters"):
+    for name in (
+        "batch_size",
+        "grad_accum",
+        "max_iters",
+        "eval_interval",
+        "eval_iters",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "block_size",
+        "lr_decay_iters",
+    ):
         positive(name, getattr(c, name))
     for name, top in LIMITS.items():
         if (getattr(c, name) or 0) > top:
-            raise UsageError(f"--{name.replace('_', '-')} must be at most {top:,}, got "
-                             f"{getattr(c, name):,}")
-    for name in ("warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr",
-                 "divergence_factor"):
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be at most {top:,}, got {getattr(c, name):,}"
+            )
+    for name in (
+        "warmup_iters",
+        "sample_tokens",
+        "weight_decay",
+        "grad_clip",
+        "min_lr",
+        "divergence_factor",
+    ):
         if getattr(c, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(c, name)}")
     if not c.lr > 0:
@@ -361,11 +508,14 @@ def validate(c: TrainConfig, check_paths: bool = True) -> None:
         raise UsageError(f"--tokenizer must be 'char' or 'bpe', got {c.tokenizer!r}")
     if c.vocab_size is not None:
         if c.tokenizer != "bpe" or c.init_from:
-            raise UsageError("--vocab-size applies to --tokenizer bpe only (a char vocabulary "
-                             "is the corpus's characters; --init-from brings GPT-2's)")
+            raise UsageError(
+                "--vocab-size applies to --tokenizer bpe only (a char vocabulary "
+                "is the corpus's characters; --init-from brings GPT-2's)"
+            )
         if c.vocab_size < 257:
-            raise UsageError(f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), "
-                             f"got {c.vocab_size}")
+            raise UsageError(
+                f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), got {c.vocab_size}"
+            )
     if check_paths:
         _check_data_path(c.data)
         if c.out_dir and Path(c.out_dir).exists() and not Path(c.out_dir).is_dir():
@@ -375,15 +525,19 @@ def validate(c: TrainConfig, check_paths: bool = True) -> None:
             raise UsageError(f"--init-from {c.init_from} is not a directory")
         for name in ("n_layer", "n_head", "n_embd"):
             if getattr(c, name) is not None:
-                raise UsageError(f"--{name.replace('_', '-')} cannot change a pretrained "
-                                 "GPT-2 (--init-from); only --block-size and --dropout can")
+                raise UsageError(
+                    f"--{name.replace('_', '-')} cannot change a pretrained "
+                    "GPT-2 (--init-from); only --block-size and --dropout can"
+                )
     else:
         if c.preset not in PRESETS:
             raise UsageError(f"unknown --preset {c.preset!r}; choose one of {', '.join(PRESETS)}")
         m = {**PRESETS[c.preset], **_model_overrides(c)}
         if m["n_embd"] % m["n_head"]:
-            raise UsageError(f"n_embd ({m['n_embd']}) must be divisible by n_head "
-                             f"({m['n_head']}); set --n-embd / --n-head accordingly")
+            raise UsageError(
+                f"n_embd ({m['n_embd']}) must be divisible by n_head "
+                f"({m['n_head']}); set --n-embd / --n-head accordingly"
+            )
     if c.device == "cuda" and check_paths and tg.cuda.unavailable_reason() is not None:
         raise UsageError(tg.cuda.unavailable_reason())
     if c.device not in ("cpu", "cuda"):
@@ -406,8 +560,10 @@ def _check_data_path(path: str | None) -> None:
     if stat.S_ISDIR(st.st_mode):
         return
     if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"--data {path} is not a regular file or a folder (a FIFO, device or "
-                         "socket); pass a text file or a folder of .txt files")
+        raise UsageError(
+            f"--data {path} is not a regular file or a folder (a FIFO, device or "
+            "socket); pass a text file or a folder of .txt files"
+        )
     if st.st_size == 0:
         raise UsageError(f"--data {path} is an empty file (0 bytes); pass a file with text in it")
 
@@ -415,8 +571,12 @@ def _check_data_path(path: str | None) -> None:
 def check_fits(c: TrainConfig, config: GPTConfig) -> None:
     """Refuse a configuration whose training step cannot fit in the available memory."""
     need = estimate_bytes(config, c.batch_size)
-    check_memory(need, f"this configuration ({num_params_text(n_params(config))} parameters, "
-                 f"batch {c.batch_size} x {config.block_size} tokens)", UsageError)
+    check_memory(
+        need,
+        f"this configuration ({num_params_text(n_params(config))} parameters, "
+        f"batch {c.batch_size} x {config.block_size} tokens)",
+        UsageError,
+    )
 
 
 def _planned_config(c: TrainConfig) -> GPTConfig:
@@ -443,10 +603,14 @@ def _pretrained(c: TrainConfig) -> GPT:
     model = GPT.from_pretrained(c.init_from)
     mc = model.config
     if c.block_size is not None and c.block_size > mc.block_size:
-        raise UsageError(f"--block-size {c.block_size} exceeds the pretrained model's "
-                         f"{mc.block_size}")
-    new = dataclasses.replace(mc, dropout=mc.dropout if c.dropout is None else c.dropout,
-                              block_size=c.block_size or mc.block_size)
+        raise UsageError(
+            f"--block-size {c.block_size} exceeds the pretrained model's {mc.block_size}"
+        )
+    new = dataclasses.replace(
+        mc,
+        dropout=mc.dropout if c.dropout is None else c.dropout,
+        block_size=c.block_size or mc.block_size,
+    )
     if new == mc:
         return model
     state = dict(model.state_dict())
@@ -517,8 +681,14 @@ class Metrics:
 
 # ----------------------------------------------------------------------------- helpers
 @tg.no_grad()
-def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
-                  stop: dict | None = None, ddp: dist_train.Run | None = None) -> dict | None:
+def estimate_loss(
+    model,
+    samplers: dict,
+    eval_iters: int,
+    device: str,
+    stop: dict | None = None,
+    ddp: dist_train.Run | None = None,
+) -> dict | None:
     """Mean loss over eval_iters batches of each sampler, with dropout off; None when
     stop['signal'] gets set meanwhile (the run is being interrupted). Under mpiexec rank r
     evaluates batches r, r + N, ... (every rank draws them all, so the samplers stay alike)."""
@@ -528,8 +698,16 @@ def estimate_loss(model, samplers: dict, eval_iters: int, device: str,
     model.eval()
     out = {}
     # a progress bar of its own (it disappears when done): large models evaluate for minutes
-    bar = tqdm(total=eval_iters * len(samplers), desc="eval", unit="batch", leave=False,
-               file=sys.stderr, dynamic_ncols=True, mininterval=1.0, disable=not ddp.is_main)
+    bar = tqdm(
+        total=eval_iters * len(samplers),
+        desc="eval",
+        unit="batch",
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=1.0,
+        disable=not ddp.is_main,
+    )
     try:
         for split, sampler in samplers.items():
             total = 0.0
@@ -554,8 +732,10 @@ def _bad_evaluation(losses: dict, best_val: float, params, diverged, factor: flo
         if not math.isfinite(v):
             return f"non-finite {split} loss ({v}) in the evaluation"
     if diverged(losses["val"], best_val):
-        return (f"the validation loss diverged: {losses['val']:.4g} is more than {factor:g}x "
-                f"the run's best {best_val:.4g} and worse than guessing")
+        return (
+            f"the validation loss diverged: {losses['val']:.4g} is more than {factor:g}x "
+            f"the run's best {best_val:.4g} and worse than guessing"
+        )
     for p in params:
         xp = get_array_module(p.data)
         if not bool(xp.isfinite(p.data).all()):
@@ -570,8 +750,10 @@ def _divergence_advice(c: TrainConfig, out: Path, saved_at: int | None) -> str:
     flags = f"--lr {lr:g}" + (f" --min-lr {lr / 10:g}" if c.min_lr > lr else "")
     if saved_at is None:
         return f"no checkpoint was written yet; start again with a lower learning rate ({flags})"
-    return (f"the last good checkpoint (iter {saved_at}) in {out} is intact; continue it with a "
-            f"lower learning rate: {_resume_command(c)} {flags}")
+    return (
+        f"the last good checkpoint (iter {saved_at}) in {out} is intact; continue it with a "
+        f"lower learning rate: {_resume_command(c)} {flags}"
+    )
 
 
 def _command(*args: str) -> str:
@@ -602,14 +784,17 @@ def train(argv: list[str] | None, stop: dict) -> int:
         return _train(c, ckpt, control, stop, ddp)
 
 
-def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
-           ddp: dist_train.Run) -> int:
+def _train(
+    c: TrainConfig, ckpt: dict | None, control: dict, stop: dict, ddp: dist_train.Run
+) -> int:
     err = sys.stderr
     out = Path(c.out_dir)
     if ckpt is None and rc.has_checkpoint(out):
         if not control["overwrite"]:
-            raise UsageError(f"{out} already holds a checkpoint: add --resume to continue it, "
-                             "--overwrite to start afresh, or choose another --out-dir")
+            raise UsageError(
+                f"{out} already holds a checkpoint: add --resume to continue it, "
+                "--overwrite to start afresh, or choose another --out-dir"
+            )
         for d in (out / rc.BEST_DIR, out):
             (d / rc.CKPT_JSON).unlink(missing_ok=True)  # ckpt.json first: no half checkpoint
             for f in [*d.glob("model-*.safetensors"), *d.glob("optim-*.safetensors")]:
@@ -621,19 +806,25 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
     fixed_tok = None
     if ckpt is not None and c.init_from:
         from .tokenizer import tokenizer_from_dict
+
         fixed_tok = tokenizer_from_dict(ckpt["tokenizer"])
     elif c.init_from:
         from .tokenizer import load_tokenizer_dir
+
         try:
             fixed_tok = load_tokenizer_dir(c.init_from)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {c.init_from}: {e}") from None
     with ddp.one_at_a_time():  # under mpiexec the first rank prepares, the others reuse
         data_dir, meta, tok = load_data(c, fixed_tok)
-    if ckpt is not None and (ckpt.get("data", {}).get("source_hash") != meta["source_hash"]
-                             or ckpt.get("tokenizer") != tok.to_dict()):
-        raise UsageError(f"--resume: the training text or its tokenizer changed since the "
-                         f"checkpoint was written ({c.data or c.dataset}); resume needs the same")
+    if ckpt is not None and (
+        ckpt.get("data", {}).get("source_hash") != meta["source_hash"]
+        or ckpt.get("tokenizer") != tok.to_dict()
+    ):
+        raise UsageError(
+            f"--resume: the training text or its tokenizer changed since the "
+            f"checkpoint was written ({c.data or c.dataset}); resume needs the same"
+        )
 
     # -- model and optimizer ----------------------------------------------------------------
     model = None
@@ -643,11 +834,14 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
         model = _pretrained(c)
         model_config = model.config
     else:
-        model_config = GPTConfig.from_preset(c.preset, vocab_size=tok.vocab_size,
-                                             **_model_overrides(c))
+        model_config = GPTConfig.from_preset(
+            c.preset, vocab_size=tok.vocab_size, **_model_overrides(c)
+        )
     if model_config.vocab_size < tok.vocab_size:
-        raise UsageError(f"the tokenizer has {tok.vocab_size} tokens but the model only "
-                         f"{model_config.vocab_size}")
+        raise UsageError(
+            f"the tokenizer has {tok.vocab_size} tokens but the model only "
+            f"{model_config.vocab_size}"
+        )
     check_fits(c, model_config)  # now with the real vocabulary
     T = model_config.block_size
     for split in ("train", "val"):
@@ -690,34 +884,53 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
         elapsed0, tokens_seen = ckpt.get("elapsed_s", 0.0), ckpt.get("tokens_seen", 0)
     if ckpt is not None and start >= c.max_iters and evaluated:
         if ddp.is_main:
-            print(f"the run in {out} is finished (iter {start} of --max-iters {c.max_iters}); "
-                  "raise --max-iters (and set --lr-decay-iters) to train it further, or "
-                  f"sample it: {_sample_command()} --out-dir {shlex.quote(str(out))}", file=err)
+            print(
+                f"the run in {out} is finished (iter {start} of --max-iters {c.max_iters}); "
+                "raise --max-iters (and set --lr-decay-iters) to train it further, or "
+                f"sample it: {_sample_command()} --out-dir {shlex.quote(str(out))}",
+                file=err,
+            )
         return 0
     ddp.start(model, optimizer, ckpt, start)  # mpiexec: rank 0's weights, each rank's RNG
     out.mkdir(parents=True, exist_ok=True)
-    metrics = (Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
-               if ddp.is_main else dist_train.NoMetrics())
+    metrics = (
+        Metrics(out / "metrics.jsonl", keep_until=start if ckpt is not None else None)
+        if ddp.is_main
+        else dist_train.NoMetrics()
+    )
 
     tokens_per_iter = c.batch_size * T * c.grad_accum
-    what = (f"GPT-2 from {c.init_from}" if c.init_from else f"preset {c.preset}")
-    print(f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens, "
-          f"{tok.kind} vocabulary of {tok.vocab_size} ({data_dir})", file=err)
+    what = f"GPT-2 from {c.init_from}" if c.init_from else f"preset {c.preset}"
+    print(
+        f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens, "
+        f"{tok.kind} vocabulary of {tok.vocab_size} ({data_dir})",
+        file=err,
+    )
     n = model.num_params()
-    print(f"model: {f'{n / 1e6:.2f}M' if n >= 1e5 else f'{n:,}'} parameters ({what}: n_layer "
-          f"{model_config.n_layer}, n_head {model_config.n_head}, n_embd {model_config.n_embd}, "
-          f"block_size {T}, dropout {model_config.dropout})", file=err)
-    print(f"training: {c.max_iters} iterations of {c.batch_size} x {T} tokens x "
-          f"{c.grad_accum} accum = {tokens_per_iter:,} tokens, lr {c.lr} -> {c.min_lr}, "
-          f"on {c.device}; out: {out}" + (f"; resuming at iter {start}" if ckpt else ""),
-          file=err)
+    print(
+        f"model: {f'{n / 1e6:.2f}M' if n >= 1e5 else f'{n:,}'} parameters ({what}: n_layer "
+        f"{model_config.n_layer}, n_head {model_config.n_head}, n_embd {model_config.n_embd}, "
+        f"block_size {T}, dropout {model_config.dropout})",
+        file=err,
+    )
+    print(
+        f"training: {c.max_iters} iterations of {c.batch_size} x {T} tokens x "
+        f"{c.grad_accum} accum = {tokens_per_iter:,} tokens, lr {c.lr} -> {c.min_lr}, "
+        f"on {c.device}; out: {out}" + (f"; resuming at iter {start}" if ckpt else ""),
+        file=err,
+    )
 
     def checkpoint(it: int, best: bool = False) -> None:
         state = {
-            "iter": it, "val_loss": val_loss, "best_val_loss": _jsonable(best_val),
-            "best_train_loss": _jsonable(best_loss), "evaluated": evaluated_at == it,
-            "elapsed_s": elapsed0 + (time.time() - t0), "tokens_seen": tokens_seen,
-            "model_config": model_config.to_dict(), "train_config": dataclasses.asdict(c),
+            "iter": it,
+            "val_loss": val_loss,
+            "best_val_loss": _jsonable(best_val),
+            "best_train_loss": _jsonable(best_loss),
+            "evaluated": evaluated_at == it,
+            "elapsed_s": elapsed0 + (time.time() - t0),
+            "tokens_seen": tokens_seen,
+            "model_config": model_config.to_dict(),
+            "train_config": dataclasses.asdict(c),
             "rng": tg.get_rng_state(),
             "samplers": {name: s.state_dict() for name, s in samplers.items()},
             "data": {"dir": str(data_dir), "source_hash": meta["source_hash"]},
@@ -746,13 +959,23 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
 
     def stop_diverged(what: str, it: int) -> int:
         bar.close()
-        print(f"gpt-train: error: {what} at iter {it}; stopped without saving: "
-              f"{_divergence_advice(c, out, saved_at)}", file=err)
+        print(
+            f"gpt-train: error: {what} at iter {it}; stopped without saving: "
+            f"{_divergence_advice(c, out, saved_at)}",
+            file=err,
+        )
         return EXIT_ERROR
 
     warned_plot = False
-    bar = tqdm(total=c.max_iters, initial=start, desc="train", unit="it", file=err,
-               dynamic_ncols=True, mininterval=0.5)
+    bar = tqdm(
+        total=c.max_iters,
+        initial=start,
+        desc="train",
+        unit="it",
+        file=err,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
     it = start
     stop["armed"] = True  # from here on a signal finishes the step and saves
     try:
@@ -785,14 +1008,21 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
                     checkpoint(it, best=is_best)
                     saved_at = it
                     note = " (best, saved)" if is_best else " (saved)"
-                bar.write(f"iter {it}: train loss {losses['train']:.4f}, val loss "
-                          f"{val_loss:.4f}{note}", file=err)
-                if ddp.is_main and not diag.plot_metrics(metrics.records, out / "loss.png") \
-                        and not warned_plot:
+                bar.write(
+                    f"iter {it}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}{note}",
+                    file=err,
+                )
+                if (
+                    ddp.is_main
+                    and not diag.plot_metrics(metrics.records, out / "loss.png")
+                    and not warned_plot
+                ):
                     warned_plot = True
-                    bar.write("loss.png skipped: matplotlib is not installed (pip install -e "
-                              "'.[plot]'); `gpt-plot OUT_DIR` draws it from metrics.jsonl",
-                              file=err)
+                    bar.write(
+                        "loss.png skipped: matplotlib is not installed (pip install -e "
+                        "'.[plot]'); `gpt-plot OUT_DIR` draws it from metrics.jsonl",
+                        file=err,
+                    )
             if it >= c.max_iters:
                 break
 
@@ -815,27 +1045,37 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
                 report = diag.grad_report(model)
                 bad = [r for r in report if r["status"] != diag.OK]
                 if bad:
-                    bar.write(f"DIAGNOSE: {len(bad)} of {len(report)} parameters get no usable "
-                              f"gradient at iter {it}:\n{diag.format_report(bad)}", file=err)
+                    bar.write(
+                        f"DIAGNOSE: {len(bad)} of {len(report)} parameters get no usable "
+                        f"gradient at iter {it}:\n{diag.format_report(bad)}",
+                        file=err,
+                    )
                 else:
-                    bar.write(f"DIAGNOSE: all {len(report)} parameters get a finite, nonzero "
-                              f"gradient at iter {it}", file=err)
+                    bar.write(
+                        f"DIAGNOSE: all {len(report)} parameters get a finite, nonzero "
+                        f"gradient at iter {it}",
+                        file=err,
+                    )
             want_diag = c.diagnose and it % c.eval_interval == 0
             gnorms = diag.grad_norms(model) if want_diag else None
-            grad_norm = (float(clip_grad_norm_(params, c.grad_clip)) if math.isfinite(loss_val)
-                         else None)
+            grad_norm = (
+                float(clip_grad_norm_(params, c.grad_clip)) if math.isfinite(loss_val) else None
+            )
             if not math.isfinite(loss_val) or not math.isfinite(grad_norm):
                 what = "loss" if not math.isfinite(loss_val) else "gradient norm"
                 value = loss_val if not math.isfinite(loss_val) else grad_norm
-                metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
-                            error=f"non-finite {what}")
+                metrics.log(
+                    iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm, error=f"non-finite {what}"
+                )
                 return stop_diverged(f"non-finite {what} ({value})", it)
             if diverged(loss_val, best_loss):
-                metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
-                            error="diverged")
-                return stop_diverged(f"the loss diverged: {loss_val:.4g} is more than "
-                                     f"{c.divergence_factor:g}x the run's best step loss "
-                                     f"{best_loss:.4g} and worse than guessing", it)
+                metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm, error="diverged")
+                return stop_diverged(
+                    f"the loss diverged: {loss_val:.4g} is more than "
+                    f"{c.divergence_factor:g}x the run's best step loss "
+                    f"{best_loss:.4g} and worse than guessing",
+                    it,
+                )
             best_loss = min(best_loss, loss_val)
             before = diag.snapshot(model) if want_diag else None
             optimizer.step()
@@ -845,12 +1085,22 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
                 metrics.log(iter=it, diag={"grad_norm": gnorms, "update_ratio": ratios})
             dt = time.time() - t_step
             tokens_seen += tokens_per_iter
-            metrics.log(iter=it, loss=loss_val, lr=lr, grad_norm=grad_norm,
-                        tokens_per_s=tokens_per_iter / dt, elapsed_s=elapsed0 + time.time() - t0)
+            metrics.log(
+                iter=it,
+                loss=loss_val,
+                lr=lr,
+                grad_norm=grad_norm,
+                tokens_per_s=tokens_per_iter / dt,
+                elapsed_s=elapsed0 + time.time() - t0,
+            )
             it += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}",
-                            tok_s=f"{tokens_per_iter / dt:,.0f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{loss_val:.4f}",
+                lr=f"{lr:.2e}",
+                tok_s=f"{tokens_per_iter / dt:,.0f}",
+                refresh=False,
+            )
     finally:
         bar.close()
         metrics.close()
@@ -859,23 +1109,36 @@ def _train(c: TrainConfig, ckpt: dict | None, control: dict, stop: dict,
         name = signal.Signals(stop["signal"]).name
         if saved_at != it or evaluated_at != it:
             checkpoint(it)
-        print(f"{name}: stopped at iter {it}; checkpoint saved in {out}. Resume with:\n"
-              f"  {_resume_command(c)}", file=err)
+        print(
+            f"{name}: stopped at iter {it}; checkpoint saved in {out}. Resume with:\n"
+            f"  {_resume_command(c)}",
+            file=err,
+        )
         return EXIT_SIGINT if stop["signal"] == signal.SIGINT else EXIT_SIGTERM
     stop["armed"] = False
 
     # -- the end: final loss and a sample ------------------------------------------------------
     if val_loss is None:
-        val_loss = estimate_loss(model, {"val": samplers["val"]}, c.eval_iters, c.device,
-                                 ddp=ddp)["val"]
-    print(f"final val loss {val_loss:.4f} (best {best_val:.4f}) after {it} iterations; "
-          f"checkpoints in {out}")
+        val_loss = estimate_loss(model, {"val": samplers["val"]}, c.eval_iters, c.device, ddp=ddp)[
+            "val"
+        ]
+    print(
+        f"final val loss {val_loss:.4f} (best {best_val:.4f}) after {it} iterations; "
+        f"checkpoints in {out}"
+    )
     if c.sample_tokens and ddp.is_main:
         from .sample import start_ids, stream_sample
 
         print("---------------- sample (temperature 0.8, top_k 200) ----------------")
-        stream_sample(model, tok, start_ids(tok, None), c.sample_tokens, temperature=0.8,
-                      top_k=200, seed=c.seed)
+        stream_sample(
+            model,
+            tok,
+            start_ids(tok, None),
+            c.sample_tokens,
+            temperature=0.8,
+            top_k=200,
+            seed=c.seed,
+        )
         print("\n---------------------------------------------------------------------")
     if ddp.is_main:
         again = "sample again" if c.sample_tokens else "sample it"
@@ -899,8 +1162,11 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
         stop["signal"] = signum
         if dist_train.launch_rank() == 0:  # (under mpiexec every rank gets it)
-            os.write(2, f"\n{signal.Signals(signum).name} received: finishing this step, then "
-                     "saving a checkpoint (Ctrl-C again to quit without saving)\n".encode())
+            os.write(
+                2,
+                f"\n{signal.Signals(signum).name} received: finishing this step, then "
+                "saving a checkpoint (Ctrl-C again to quit without saving)\n".encode(),
+            )
 
     previous = {}
     try:
@@ -909,8 +1175,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread: no handlers, Ctrl-C raises as usual
         pass
     try:
-        with dist_train.launch({UsageError: EXIT_USAGE, KeyboardInterrupt: EXIT_SIGINT},
-                               UsageError):  # mpiexec: only rank 0 prints; a failure stops all
+        with dist_train.launch(
+            {UsageError: EXIT_USAGE, KeyboardInterrupt: EXIT_SIGINT}, UsageError
+        ):  # mpiexec: only rank 0 prints; a failure stops all
             return train(argv, stop)
     except UsageError as e:
         print(f"gpt-train: error: {e}", file=sys.stderr)
@@ -920,12 +1187,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except Interrupted as e:
         name = signal.Signals(e.signum).name
-        print(f"gpt-train: {name} received outside the training loop; stopped (the checkpoints "
-              "already saved stand)", file=sys.stderr)
+        print(
+            f"gpt-train: {name} received outside the training loop; stopped (the checkpoints "
+            "already saved stand)",
+            file=sys.stderr,
+        )
         return EXIT_SIGINT if e.signum == signal.SIGINT else EXIT_SIGTERM
     except MemoryError:
-        print("gpt-train: error: out of memory (the estimate before the run was too low); "
-              "use a smaller model, --batch-size or --block-size", file=sys.stderr)
+        print(
+            "gpt-train: error: out of memory (the estimate before the run was too low); "
+            "use a smaller model, --batch-size or --block-size",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     except OSError as e:
         print(f"gpt-train: error: {e}", file=sys.stderr)

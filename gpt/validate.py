@@ -27,11 +27,29 @@ from .config import GPTConfig
 # Upper bounds far above any model this project can train; they only stop absurd numbers
 # (the memory estimate is the real limit; n_layer's also bounds the Python objects, which
 # the estimate does not count: 100,000 tiny layers fit in memory but take minutes to build).
-LIMITS = {"block_size": 1 << 20, "vocab_size": 1 << 24, "n_layer": 1 << 10, "n_head": 1 << 12,
-          "n_embd": 1 << 16}
+LIMITS = {
+    "block_size": 1 << 20,
+    "vocab_size": 1 << 24,
+    "n_layer": 1 << 10,
+    "n_head": 1 << 12,
+    "n_embd": 1 << 16,
+}
 MAX_HEADER = 100 << 20  # a safetensors header of GPT-2 XL is ~60 KB
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-               "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -80,8 +98,9 @@ def model_config(d, where: str) -> GPTConfig:
     need(d, "gelu", w, lambda v: v in ("tanh", "none"), "'tanh' or 'none'")
     need(d, "layer_norm_eps", w, lambda v: is_number(v) and 0 < v < 1, "a number in (0, 1)")
     if d["n_embd"] % d["n_head"]:
-        raise CheckpointError(f"{w}: n_embd ({d['n_embd']}) must be divisible by n_head "
-                              f"({d['n_head']})")
+        raise CheckpointError(
+            f"{w}: n_embd ({d['n_embd']}) must be divisible by n_head ({d['n_head']})"
+        )
     return GPTConfig(**d)
 
 
@@ -91,26 +110,52 @@ def hf_model_config(d, where: str) -> dict:
     if not isinstance(d, dict):
         raise CheckpointError(f"{where} must hold a JSON object, got {type(d).__name__}")
     out = {}
-    for hf, ours in (("vocab_size", "vocab_size"), ("n_layer", "n_layer"),
-                     ("n_head", "n_head"), ("n_embd", "n_embd")):
+    for hf, ours in (
+        ("vocab_size", "vocab_size"),
+        ("n_layer", "n_layer"),
+        ("n_head", "n_head"),
+        ("n_embd", "n_embd"),
+    ):
         top = LIMITS[ours]
-        out[ours] = need(d, hf, where, lambda v, top=top: is_int(v) and 0 < v <= top,
-                         f"an integer in 1..{top}")
+        out[ours] = need(
+            d, hf, where, lambda v, top=top: is_int(v) and 0 < v <= top, f"an integer in 1..{top}"
+        )
     pos = "n_positions" if "n_positions" in d else "n_ctx"
     top = LIMITS["block_size"]
-    out["block_size"] = need(d, pos, where, lambda v: is_int(v) and 0 < v <= top,
-                             f"an integer in 1..{top}", optional=True) or 1024
-    eps = need(d, "layer_norm_epsilon", where, lambda v: is_number(v) and 0 < v < 1,
-               "a number in (0, 1)", optional=True)
+    out["block_size"] = (
+        need(
+            d,
+            pos,
+            where,
+            lambda v: is_int(v) and 0 < v <= top,
+            f"an integer in 1..{top}",
+            optional=True,
+        )
+        or 1024
+    )
+    eps = need(
+        d,
+        "layer_norm_epsilon",
+        where,
+        lambda v: is_number(v) and 0 < v < 1,
+        "a number in (0, 1)",
+        optional=True,
+    )
     out["layer_norm_eps"] = 1e-5 if eps is None else eps
-    tie = need(d, "tie_word_embeddings", where, lambda v: isinstance(v, bool), "true or false",
-               optional=True)
+    tie = need(
+        d,
+        "tie_word_embeddings",
+        where,
+        lambda v: isinstance(v, bool),
+        "true or false",
+        optional=True,
+    )
     out["tie_weights"] = True if tie is None else tie
-    need(d, "activation_function", where, lambda v: isinstance(v, str), "a string",
-         optional=True)
+    need(d, "activation_function", where, lambda v: isinstance(v, str), "a string", optional=True)
     if out["n_embd"] % out["n_head"]:
-        raise CheckpointError(f"{where}: n_embd ({out['n_embd']}) must be divisible by n_head "
-                              f"({out['n_head']})")
+        raise CheckpointError(
+            f"{where}: n_embd ({out['n_embd']}) must be divisible by n_head ({out['n_head']})"
+        )
     return out
 
 
@@ -118,8 +163,10 @@ def hf_model_config(d, where: str) -> dict:
 def plain_file(directory: Path, name, where: str, max_bytes: int | None = None) -> Path:
     """directory/name, refused unless name is a plain file name and the file is regular."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise CheckpointError(f"{where}: file name {_short(name)} is not a plain file name "
-                              "inside the checkpoint directory")
+        raise CheckpointError(
+            f"{where}: file name {_short(name)} is not a plain file name "
+            "inside the checkpoint directory"
+        )
     path = Path(directory) / name
     try:
         st = os.lstat(path)
@@ -128,11 +175,15 @@ def plain_file(directory: Path, name, where: str, max_bytes: int | None = None) 
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path} is not a regular file (named in {where}); a checkpoint "
-                              "holds only regular files")
+        raise CheckpointError(
+            f"{path} is not a regular file (named in {where}); a checkpoint "
+            "holds only regular files"
+        )
     if max_bytes is not None and st.st_size > max_bytes:
-        raise CheckpointError(f"{path} is {st.st_size:,} bytes, more than the {max_bytes:,} "
-                              "a checkpoint file of this model can need")
+        raise CheckpointError(
+            f"{path} is {st.st_size:,} bytes, more than the {max_bytes:,} "
+            "a checkpoint file of this model can need"
+        )
     return path
 
 
@@ -147,8 +198,9 @@ def regular_file(path: Path, what: str, max_bytes: int) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError(f"{path} is not a regular file ({what} must be one)")
     if st.st_size > max_bytes:
-        raise CheckpointError(f"{path} is {st.st_size:,} bytes, more than {max_bytes:,}: not a "
-                              f"plausible {what}")
+        raise CheckpointError(
+            f"{path} is {st.st_size:,} bytes, more than {max_bytes:,}: not a plausible {what}"
+        )
     return st.st_size
 
 
@@ -176,17 +228,23 @@ def read_header(path: Path) -> dict:
     header.pop("__metadata__", None)
     spans = []
     for name, t in header.items():
-        ok = (isinstance(t, dict) and t.get("dtype") in DTYPE_BYTES
-              and isinstance(t.get("shape"), list) and all(is_int(s) and s >= 0
-                                                           for s in t["shape"])
-              and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2
-              and all(is_int(o) for o in t["data_offsets"]))
+        ok = (
+            isinstance(t, dict)
+            and t.get("dtype") in DTYPE_BYTES
+            and isinstance(t.get("shape"), list)
+            and all(is_int(s) and s >= 0 for s in t["shape"])
+            and isinstance(t.get("data_offsets"), list)
+            and len(t["data_offsets"]) == 2
+            and all(is_int(o) for o in t["data_offsets"])
+        )
         if not ok:
             raise CheckpointError(f"{bad} (tensor {name!r} has a malformed header entry)")
         a, b = t["data_offsets"]
         if b - a != math.prod(t["shape"]) * DTYPE_BYTES[t["dtype"]]:
-            raise CheckpointError(f"{bad} (tensor {name!r}: offsets do not match its shape "
-                                  f"{t['shape']} and dtype {t['dtype']})")
+            raise CheckpointError(
+                f"{bad} (tensor {name!r}: offsets do not match its shape "
+                f"{t['shape']} and dtype {t['dtype']})"
+            )
         spans.append((a, b))
     pos = 0
     for a, b in sorted(spans):
@@ -194,8 +252,10 @@ def read_header(path: Path) -> dict:
             raise CheckpointError(f"{bad} (tensor data overlaps or leaves gaps)")
         pos = b
     if 8 + n + pos != size:
-        raise CheckpointError(f"{bad} (the header describes {8 + n + pos:,} bytes, the file "
-                              f"has {size:,}: truncated or padded)")
+        raise CheckpointError(
+            f"{bad} (the header describes {8 + n + pos:,} bytes, the file "
+            f"has {size:,}: truncated or padded)"
+        )
     return header
 
 
@@ -204,8 +264,12 @@ def expected_shapes(c: GPTConfig) -> dict[str, tuple]:
     C, V, T = c.n_embd, c.vocab_size, c.block_size
     s = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (T, C)}
     ln = [".weight", ".bias"] if c.bias else [".weight"]
-    lin = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (4 * C, C),
-           "mlp.c_proj": (C, 4 * C)}
+    lin = {
+        "attn.c_attn": (3 * C, C),
+        "attn.c_proj": (C, C),
+        "mlp.c_fc": (4 * C, C),
+        "mlp.c_proj": (C, 4 * C),
+    }
     for i in range(c.n_layer):
         h = f"transformer.h.{i}."
         for name in ("ln_1", "ln_2"):
@@ -220,24 +284,31 @@ def expected_shapes(c: GPTConfig) -> dict[str, tuple]:
     return s
 
 
-def check_tensors(path: Path, header: dict, want: dict[str, tuple], dtypes=("F32",),
-                  optional=()) -> None:
+def check_tensors(
+    path: Path, header: dict, want: dict[str, tuple], dtypes=("F32",), optional=()
+) -> None:
     """The header holds exactly the tensors of `want` (name -> shape), in one of `dtypes`;
     names in `optional` may be absent."""
     missing = [k for k in want if k not in header and k not in optional]
     extra = [k for k in header if k not in want]
     if missing or extra:
-        what = (f"lacks {missing[0]!r}" if missing else f"has the unexpected tensor {extra[0]!r}")
+        what = f"lacks {missing[0]!r}" if missing else f"has the unexpected tensor {extra[0]!r}"
         n = len(missing) + len(extra)
-        raise CheckpointError(f"{path} does not fit the model config: it {what}"
-                              + (f" (and {n - 1} more differences)" if n > 1 else ""))
+        raise CheckpointError(
+            f"{path} does not fit the model config: it {what}"
+            + (f" (and {n - 1} more differences)" if n > 1 else "")
+        )
     for k, t in header.items():
         if tuple(t["shape"]) != tuple(want[k]):
-            raise CheckpointError(f"{path} does not fit the model config: {k} has shape "
-                                  f"{tuple(t['shape'])}, the config needs {tuple(want[k])}")
+            raise CheckpointError(
+                f"{path} does not fit the model config: {k} has shape "
+                f"{tuple(t['shape'])}, the config needs {tuple(want[k])}"
+            )
         if t["dtype"] not in dtypes:
-            raise CheckpointError(f"{path}: {k} is {t['dtype']}, expected "
-                                  f"{' or '.join(dtypes)}; the file is corrupt or not a model")
+            raise CheckpointError(
+                f"{path}: {k} is {t['dtype']}, expected "
+                f"{' or '.join(dtypes)}; the file is corrupt or not a model"
+            )
 
 
 # ----------------------------------------------------------------------------- memory
@@ -294,5 +365,7 @@ def check_memory(need_bytes: int, what: str, error=CheckpointError) -> None:
     """Refuse when need_bytes exceeds MemAvailable (skipped where that is unknown)."""
     have = available_memory()
     if have is not None and need_bytes > have:
-        raise error(f"{what} needs about {gib(need_bytes)} of memory but {gib(have)} is "
-                    "available; choose a smaller model, batch or block size")
+        raise error(
+            f"{what} needs about {gib(need_bytes)} of memory but {gib(have)} is "
+            "available; choose a smaller model, batch or block size"
+        )

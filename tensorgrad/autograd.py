@@ -90,8 +90,18 @@ class Function:
     """
 
     # graph fields live in slots so that releasing the context (``__dict__``) keeps them
-    __slots__ = ("edges", "checks", "n_out", "out_meta", "in_meta", "retained", "released",
-                 "needs_input_grad", "reference", "__dict__")
+    __slots__ = (
+        "edges",
+        "checks",
+        "n_out",
+        "out_meta",
+        "in_meta",
+        "retained",
+        "released",
+        "needs_input_grad",
+        "reference",
+        "__dict__",
+    )
     multi_output = False  # forward returns a tuple of arrays
     op: str | None = None  # the registry's name for this op (reference Functions only)
 
@@ -211,8 +221,7 @@ def _check_grads(fn: Function, gxs) -> None:
             )
         if gx.dtype != dtype:
             raise RuntimeError(
-                f"{fn.name}.backward returned a {gx.dtype} gradient for input {i} of dtype "
-                f"{dtype}"
+                f"{fn.name}.backward returned a {gx.dtype} gradient for input {i} of dtype {dtype}"
             )
 
 

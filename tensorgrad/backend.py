@@ -44,7 +44,6 @@ def tune_cpu_malloc() -> bool:
     return bool(ok)
 
 
-
 _cupy = None  # the cupy module once imported, False if the import failed
 _cupy_error: str | None = None
 # (array type, module, device) of stand-in array modules registered by tests
@@ -74,7 +73,8 @@ def _import_cupy():
             _cupy = False
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # one line
             _cupy_error = (
-                "CuPy is not installed" if isinstance(e, ModuleNotFoundError)
+                "CuPy is not installed"
+                if isinstance(e, ModuleNotFoundError)
                 else f"CuPy failed: {first}"
             )
     return _cupy or None

@@ -39,8 +39,11 @@ from .tensor import Tensor
 DEFAULT_TIMEOUT_S = 600.0
 INSTALL_HINT = 'pip install -e ".[mpi]" (mpi4py and an MPI runtime)'
 # (size, rank) variables that MPI launchers set: Open MPI, MPICH / Intel MPI (PMI), MVAPICH
-_LAUNCH_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"),
-                ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))
+_LAUNCH_VARS = (
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("PMI_SIZE", "PMI_RANK"),
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),
+)
 _OPS = ("mean", "sum", "max", "min")
 
 
@@ -81,8 +84,11 @@ class _Group:
             self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
             me = {"rank": self.rank, "pid": os.getpid(), "host": os.uname().nodename}
             everyone = _all_gather_json(comm, me)
-            self.peers = {p["rank"]: p["pid"] for p in everyone
-                          if p["host"] == me["host"] and p["rank"] != self.rank}
+            self.peers = {
+                p["rank"]: p["pid"]
+                for p in everyone
+                if p["host"] == me["host"] and p["rank"] != self.rank
+            }
             self.watchdog = _Watchdog(self)
 
 
@@ -106,14 +112,16 @@ def init(timeout: float | None = None) -> int:
     try:
         MPI = _mpi()
     except ImportError:
-        raise DistributedError(f"this is a launch of {n} ranks, but mpi4py is not installed: "
-                               f"{INSTALL_HINT}") from None
+        raise DistributedError(
+            f"this is a launch of {n} ranks, but mpi4py is not installed: {INSTALL_HINT}"
+        ) from None
     got = MPI.COMM_WORLD.Get_size()
     if got != n:
         raise DistributedError(
             f"the launcher started {n} ranks but mpi4py sees {got}: mpiexec and mpi4py come "
             f"from different MPIs; use the venv's mpiexec (after {INSTALL_HINT}) or rebuild "
-            "mpi4py against the system MPI (see the README)")
+            "mpi4py against the system MPI (see the README)"
+        )
     _group = _Group(MPI.COMM_WORLD, timeout)
     return _group.size
 
@@ -150,8 +158,10 @@ def use_local_gpu() -> int:
     cp = require_cupy()
     n = cp.cuda.runtime.getDeviceCount()
     if local_world_size() > n:
-        raise DistributedError(f"{local_world_size()} ranks on this machine but {n} GPU(s): "
-                               "start at most one rank per GPU")
+        raise DistributedError(
+            f"{local_world_size()} ranks on this machine but {n} GPU(s): "
+            "start at most one rank per GPU"
+        )
     cp.cuda.Device(local_rank()).use()
     if world_size() > 1:
         _nccl_module()  # fail now, in one line, rather than at the first gradient reduction
@@ -173,9 +183,11 @@ def _nccl_module():
     else:
         why = "CuPy was built without it"
     if nccl is None or not getattr(nccl, "available", True):
-        raise DistributedError(f"GPU ranks reduce with NCCL, but CuPy cannot load it ({why}); "
-                               "install NCCL for CuPy (python -m cupyx.tools.install_library "
-                               "--library nccl --cuda 12.x, or the system's libnccl)")
+        raise DistributedError(
+            f"GPU ranks reduce with NCCL, but CuPy cannot load it ({why}); "
+            "install NCCL for CuPy (python -m cupyx.tools.install_library "
+            "--library nccl --cuda 12.x, or the system's libnccl)"
+        )
     return nccl
 
 
@@ -223,12 +235,18 @@ class _Watchdog:
                 continue
             for r, pid in g.peers.items():
                 if not _alive(pid):
-                    abort(1, f"tensorgrad.distributed: error: rank {g.rank}: rank {r} (pid "
-                          f"{pid}) exited while rank {g.rank} waited in {what}; stopping")
+                    abort(
+                        1,
+                        f"tensorgrad.distributed: error: rank {g.rank}: rank {r} (pid "
+                        f"{pid}) exited while rank {g.rank} waited in {what}; stopping",
+                    )
             if waited > g.timeout:
-                abort(1, f"tensorgrad.distributed: error: rank {g.rank}: {what} waited more "
-                      f"than {g.timeout:g} s for the other ranks (one died, hung or skipped "
-                      "it); stopping")
+                abort(
+                    1,
+                    f"tensorgrad.distributed: error: rank {g.rank}: {what} waited more "
+                    f"than {g.timeout:g} s for the other ranks (one died, hung or skipped "
+                    "it); stopping",
+                )
 
 
 def _alive(pid: int) -> bool:
@@ -350,7 +368,7 @@ def _all_gather_json(comm, obj) -> list:
     out = np.empty(int(sizes.sum()), np.uint8)
     comm.Allgatherv(data, [out, sizes.tolist()])
     ends = np.cumsum(sizes)
-    return [json.loads(out[e - s:e].tobytes().decode()) for s, e in zip(sizes, ends)]
+    return [json.loads(out[e - s : e].tobytes().decode()) for s, e in zip(sizes, ends)]
 
 
 def all_gather_json(obj) -> list:
@@ -378,18 +396,27 @@ class _Nccl:
 
     def __init__(self, g: _Group):
         self.nccl = nccl = _nccl_module()
-        uid = np.zeros(nccl.NCCL_UNIQUE_ID_BYTES if hasattr(nccl, "NCCL_UNIQUE_ID_BYTES")
-                       else 128, dtype=np.int64)
+        uid = np.zeros(
+            nccl.NCCL_UNIQUE_ID_BYTES if hasattr(nccl, "NCCL_UNIQUE_ID_BYTES") else 128,
+            dtype=np.int64,
+        )
         if g.rank == 0:
             uid[:] = nccl.get_unique_id()
         g.comm.Bcast(uid, root=0)  # over MPI, so every rank joins the same NCCL clique
         self.comm = nccl.NcclCommunicator(g.size, tuple(int(v) for v in uid), g.rank)
-        self.ops = {"mean": nccl.NCCL_SUM, "sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX,
-                    "min": nccl.NCCL_MIN}
-        self.types = {np.dtype(np.float32): nccl.NCCL_FLOAT32,
-                      np.dtype(np.float64): nccl.NCCL_FLOAT64,
-                      np.dtype(np.float16): nccl.NCCL_FLOAT16,
-                      np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.int64): nccl.NCCL_INT64}
+        self.ops = {
+            "mean": nccl.NCCL_SUM,
+            "sum": nccl.NCCL_SUM,
+            "max": nccl.NCCL_MAX,
+            "min": nccl.NCCL_MIN,
+        }
+        self.types = {
+            np.dtype(np.float32): nccl.NCCL_FLOAT32,
+            np.dtype(np.float64): nccl.NCCL_FLOAT64,
+            np.dtype(np.float16): nccl.NCCL_FLOAT16,
+            np.dtype(np.int32): nccl.NCCL_INT32,
+            np.dtype(np.int64): nccl.NCCL_INT64,
+        }
 
     def _type(self, a):
         if a.dtype not in self.types:
@@ -398,8 +425,7 @@ class _Nccl:
 
     def all_reduce(self, a, op: str) -> None:
         stream = require_cupy().cuda.get_current_stream()
-        self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, self._type(a), self.ops[op],
-                            stream.ptr)
+        self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, self._type(a), self.ops[op], stream.ptr)
         stream.synchronize()  # inside the watched region: a hung peer shows up as a timeout
 
     def broadcast(self, a, root: int) -> None:
@@ -459,7 +485,7 @@ class DataParallel:
             o = 0
             for p in ps:
                 n = p.data.size
-                p.data[...] = flat[o:o + n].reshape(p.data.shape)  # in place: views stay valid
+                p.data[...] = flat[o : o + n].reshape(p.data.shape)  # in place: views stay valid
                 o += n
 
     def backward(self, loss, sync: bool = True) -> None:
@@ -481,7 +507,7 @@ class DataParallel:
             flat = xp.empty(sum(sizes) + len(ps), dtype=np.float32)  # grads, then has-grad flags
             o = 0
             for p, n in zip(ps, sizes):
-                flat[o:o + n] = 0 if p.grad is None else xp.ravel(p.grad.data)
+                flat[o : o + n] = 0 if p.grad is None else xp.ravel(p.grad.data)
                 o += n
             flat[o:] = xp.asarray([p.grad is not None for p in ps], dtype=np.float32)
             t0 = time.perf_counter()
@@ -492,7 +518,9 @@ class DataParallel:
             o = 0
             for p, n, has in zip(ps, sizes, flags):
                 if has > 0:
-                    g = flat[o:o + n].reshape(p.data.shape)  # a fresh buffer each step: no aliasing
+                    g = flat[o : o + n].reshape(
+                        p.data.shape
+                    )  # a fresh buffer each step: no aliasing
                     g = g if g.dtype == p.data.dtype else g.astype(p.data.dtype)
                     p.grad = Tensor._make(g, None, 0)
                 o += n
@@ -501,7 +529,22 @@ class DataParallel:
 
 
 __all__ = [
-    "DataParallel", "DistributedError", "abort", "all_gather_json", "all_reduce", "barrier",
-    "broadcast", "broadcast_json", "init", "is_initialized", "launch_rank", "launch_world_size",
-    "local_rank", "local_world_size", "rank", "same_on_all_ranks", "use_local_gpu", "world_size"
+    "DataParallel",
+    "DistributedError",
+    "abort",
+    "all_gather_json",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_json",
+    "init",
+    "is_initialized",
+    "launch_rank",
+    "launch_world_size",
+    "local_rank",
+    "local_world_size",
+    "rank",
+    "same_on_all_ranks",
+    "use_local_gpu",
+    "world_size",
 ]

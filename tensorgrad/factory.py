@@ -111,8 +111,11 @@ class Generator:
         return self._gens[device]
 
     def get_state(self) -> dict:
-        return backend.get_rng_state() if self._default else {
-            "seed": self._seed, "cpu": self.rng("cpu").bit_generator.state}
+        return (
+            backend.get_rng_state()
+            if self._default
+            else {"seed": self._seed, "cpu": self.rng("cpu").bit_generator.state}
+        )
 
     def set_state(self, state: dict) -> None:
         if self._default:
@@ -166,8 +169,9 @@ def rand_like(t: Tensor, dtype=None, device=None, requires_grad=False) -> Tensor
     return rand(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
-def randint(*args, size=None, dtype=None, device=None, generator=None,
-            requires_grad=False) -> Tensor:
+def randint(
+    *args, size=None, dtype=None, device=None, generator=None, requires_grad=False
+) -> Tensor:
     """Integers in [low, high): ``randint(low, high, size)`` or ``randint(high, size)``."""
     args = list(args)
     if size is None:
@@ -207,15 +211,19 @@ def multinomial(probs, num_samples: int, replacement: bool = False, generator=No
     w = w.astype(np.float64)
     n = w.shape[1]
     if not bool(xp.isfinite(w).all()) or bool((w < 0).any()):
-        raise RuntimeError("multinomial: probability tensor contains either inf, nan or "
-                           "element < 0")
+        raise RuntimeError(
+            "multinomial: probability tensor contains either inf, nan or element < 0"
+        )
     nonzero = (w > 0).sum(axis=1)
     if bool((nonzero == 0).any()):
-        raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities "
-                           "<= 0)")
+        raise RuntimeError(
+            "multinomial: invalid multinomial distribution (sum of probabilities <= 0)"
+        )
     if not replacement and (num_samples > n or bool((nonzero < num_samples).any())):
-        raise RuntimeError(f"multinomial: cannot sample {num_samples} > {int(nonzero.min())} "
-                           "categories of nonzero weight without replacement")
+        raise RuntimeError(
+            f"multinomial: cannot sample {num_samples} > {int(nonzero.min())} "
+            "categories of nonzero weight without replacement"
+        )
     g = _gen(generator, p.device)
     u = g.random((w.shape[0], num_samples))
     if replacement:

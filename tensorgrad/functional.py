@@ -12,16 +12,40 @@ from .backend import get_array_module
 from .ops.dims import wrap_dim
 from .ops.linalg import Linear
 from .ops.nn import (
-    Attention, CrossEntropy, Dropout, Embedding, Gelu, LayerNorm, LogSoftmax, Softmax,
-    causal_mask, erf,
+    Attention,
+    CrossEntropy,
+    Dropout,
+    Embedding,
+    Gelu,
+    LayerNorm,
+    LogSoftmax,
+    Softmax,
+    causal_mask,
+    erf,
 )
 from .ops.shape import Pad
 from .tensor import Tensor, as_array
 
 __all__ = [
-    "softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu", "relu", "dropout",
-    "linear", "embedding", "scaled_dot_product_attention", "causal_mask", "erf",
-    "silu", "tanh", "sigmoid", "pad", "mse_loss", "l1_loss", "one_hot",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "layer_norm",
+    "gelu",
+    "relu",
+    "dropout",
+    "linear",
+    "embedding",
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "erf",
+    "silu",
+    "tanh",
+    "sigmoid",
+    "pad",
+    "mse_loss",
+    "l1_loss",
+    "one_hot",
 ]
 
 
@@ -38,8 +62,13 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return LogSoftmax.apply(x, dim=wrap_dim("log_softmax", dim, x.ndim))
 
 
-def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0):
+def cross_entropy(
+    logits: Tensor,
+    target,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+):
     """Cross-entropy of ``logits`` (N, C) against class ids ``target`` (N,), fused.
 
     Positions whose target equals ``ignore_index`` contribute nothing; 'mean' divides
@@ -50,7 +79,9 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
     if label_smoothing:
         return _smoothed_cross_entropy(logits, target, ignore_index, reduction, label_smoothing)
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ValueError(
+            f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
+        )
     t = as_array(target)
     if t.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: target must hold integer class ids, got {t.dtype}")
@@ -122,8 +153,13 @@ def embedding(idx, weight: Tensor) -> Tensor:
 
 
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask=None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Tensor:
     """Attention over (..., L, E) queries and (..., S, E) keys/values as one fused op.
 

@@ -11,13 +11,67 @@ from .ops.linalg import Einsum
 from .tensor import Tensor
 
 _METHODS = (
-    "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "square", "pow", "clamp",
-    "clip", "maximum", "minimum", "matmul", "softmax", "log_softmax", "sum", "mean", "var",
-    "std", "norm", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "topk", "sort",
-    "argsort", "gather", "scatter_add", "index_select", "masked_fill", "transpose", "permute",
-    "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "movedim", "split", "chunk",
-    "unbind", "numel", "isnan", "isinf", "isfinite", "all", "any", "logical_not", "add", "sub",
-    "mul", "div", "floor_divide", "clone", "t",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "square",
+    "pow",
+    "clamp",
+    "clip",
+    "maximum",
+    "minimum",
+    "matmul",
+    "softmax",
+    "log_softmax",
+    "sum",
+    "mean",
+    "var",
+    "std",
+    "norm",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "argmax",
+    "argmin",
+    "cumsum",
+    "topk",
+    "sort",
+    "argsort",
+    "gather",
+    "scatter_add",
+    "index_select",
+    "masked_fill",
+    "transpose",
+    "permute",
+    "reshape",
+    "flatten",
+    "unflatten",
+    "squeeze",
+    "unsqueeze",
+    "movedim",
+    "split",
+    "chunk",
+    "unbind",
+    "numel",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "all",
+    "any",
+    "logical_not",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "floor_divide",
+    "clone",
+    "t",
 )
 
 
@@ -51,8 +105,9 @@ def einsum(equation: str, *operands) -> Tensor:
 def bmm(x: Tensor, y: Tensor) -> Tensor:
     """Batched matrix product of (B, n, m) and (B, m, p)."""
     if x.ndim != 3 or y.ndim != 3 or x.shape[0] != y.shape[0]:
-        raise RuntimeError(f"bmm: expected (B, n, m) and (B, m, p), got {tuple(x.shape)} and "
-                           f"{tuple(y.shape)}")
+        raise RuntimeError(
+            f"bmm: expected (B, n, m) and (B, m, p), got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     return x @ y
 
 

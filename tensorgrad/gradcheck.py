@@ -26,8 +26,9 @@ def _as_float64(inputs):
     return out
 
 
-def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
-              seed: int = 0) -> bool:
+def gradcheck(
+    fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3, seed: int = 0
+) -> bool:
     """Check d fn(*inputs) / d input for every input Tensor that requires grad.
 
     The inputs are copied to float64; a non-scalar output is reduced to a scalar with
@@ -68,7 +69,9 @@ def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1
                 numeric.reshape(-1)[j] = (up - down) / (2 * eps)
         err = np.abs(analytic - numeric) - (atol + rtol * np.abs(numeric))
         if err.size and (np.nanmax(err) > 0 or not np.all(np.isfinite(analytic))):
-            k = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(err), err, np.inf))), x.shape)
+            k = np.unravel_index(
+                int(np.nanargmax(np.where(np.isfinite(err), err, np.inf))), x.shape
+            )
             raise GradcheckError(
                 f"gradcheck failed for input {i} of shape {x.shape}: at index {tuple(int(v) for v in k)} "
                 f"the tape gives {analytic[k]:.8g} but finite differences give {numeric[k]:.8g} "

@@ -92,8 +92,9 @@ class Optimizer:
         ):
             raise ValueError(f"{name}.load_state_dict: parameter groups do not match")
         for g, saved in zip(self.param_groups, groups):
-            g.update({k: (tuple(v) if k == "betas" else v) for k, v in saved.items()
-                      if k != "params"})
+            g.update(
+                {k: (tuple(v) if k == "betas" else v) for k, v in saved.items() if k != "params"}
+            )
         self.state = {}
         for i, st in sd["state"].items():
             p = params[int(i)]
@@ -136,10 +137,25 @@ class SGD(Optimizer):
     """Stochastic gradient descent with momentum, dampening, Nesterov and weight decay
     (L2, added to the gradient), in torch.optim.SGD's order of operations."""
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False):
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      weight_decay=weight_decay, nesterov=nesterov))
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                dampening=dampening,
+                weight_decay=weight_decay,
+                nesterov=nesterov,
+            ),
+        )
 
     def _check(self, g):
         if not (g["lr"] >= 0 and g["momentum"] >= 0 and g["weight_decay"] >= 0):
@@ -154,22 +170,31 @@ class SGD(Optimizer):
             if group["momentum"] and first:
                 st["momentum_buffer"] = get_array_module(x).zeros_like(x)
             st["step"] += 1
-            sgd_update(x, g, st.get("momentum_buffer"), lr=group["lr"],
-                       momentum=group["momentum"], dampening=group["dampening"],
-                       nesterov=group["nesterov"], wd=group["weight_decay"], first=first)
+            sgd_update(
+                x,
+                g,
+                st.get("momentum_buffer"),
+                lr=group["lr"],
+                momentum=group["momentum"],
+                dampening=group["dampening"],
+                nesterov=group["nesterov"],
+                wd=group["weight_decay"],
+                first=first,
+            )
             self._bump(p)
 
 
 # ----------------------------------------------------------------------------- AdamW
 
 
-def adamw_update(x, g, m, v, *, lr: float, b1: float, b2: float, eps: float, wd: float,
-                 step: int) -> None:
+def adamw_update(
+    x, g, m, v, *, lr: float, b1: float, b2: float, eps: float, wd: float, step: int
+) -> None:
     """One AdamW update of parameter x in place (m, v too), in torch.optim.AdamW's order::
 
-        x -= lr·wd·x                                    (decoupled weight decay)
-        m = β1·m + (1-β1)·g ;  v = β2·v + (1-β2)·g²
-        x -= lr/(1-β1^t) · m / (√v / √(1-β2^t) + eps)
+    x -= lr·wd·x                                    (decoupled weight decay)
+    m = β1·m + (1-β1)·g ;  v = β2·v + (1-β2)·g²
+    x -= lr/(1-β1^t) · m / (√v / √(1-β2^t) + eps)
     """
     xp = get_array_module(x)
     if wd:
@@ -185,18 +210,32 @@ class AdamW(Optimizer):
     """AdamW (decoupled weight decay) with torch-style param groups and torch's order of
     operations. Parameters without a gradient are skipped (their step does not advance)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, fused: bool | None = None):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        fused: bool | None = None,
+    ):
         # ``fused`` is accepted for torch compatibility; registered kernels decide
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+        super().__init__(
+            params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        )
 
     def _check(self, g):
         g["betas"] = tuple(g["betas"])
         b1, b2 = g["betas"]
         vals = (g["lr"], b1, b2, g["eps"], g["weight_decay"])
-        if not all(math.isfinite(v) for v in vals) or g["lr"] < 0 or not 0.0 <= b1 < 1.0 \
-                or not 0.0 <= b2 < 1.0 or g["eps"] < 0 or g["weight_decay"] < 0:
+        if (
+            not all(math.isfinite(v) for v in vals)
+            or g["lr"] < 0
+            or not 0.0 <= b1 < 1.0
+            or not 0.0 <= b2 < 1.0
+            or g["eps"] < 0
+            or g["weight_decay"] < 0
+        ):
             raise ValueError(f"AdamW: invalid hyperparameters {dict(g, params='...')}")
 
     def step(self) -> None:
@@ -205,12 +244,24 @@ class AdamW(Optimizer):
             st = self.state.get(id(p))
             if st is None:
                 st = self.state[id(p)] = {
-                    "step": 0, "exp_avg": xp.zeros_like(x), "exp_avg_sq": xp.zeros_like(x),
+                    "step": 0,
+                    "exp_avg": xp.zeros_like(x),
+                    "exp_avg_sq": xp.zeros_like(x),
                 }
             st["step"] += 1
             m, v = st["exp_avg"], st["exp_avg_sq"]
             update = kernels.pick("adamw", device_of(x), x, g, m, v) or adamw_update
             b1, b2 = group["betas"]
-            update(x, g, m, v, lr=group["lr"], b1=b1, b2=b2, eps=group["eps"],
-                   wd=group["weight_decay"], step=st["step"])
+            update(
+                x,
+                g,
+                m,
+                v,
+                lr=group["lr"],
+                b1=b1,
+                b2=b2,
+                eps=group["eps"],
+                wd=group["weight_decay"],
+                step=st["step"],
+            )
             self._bump(p)

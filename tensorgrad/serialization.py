@@ -31,9 +31,15 @@ def _encode(obj, arrays: dict, path: str):
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: _encode(v, arrays, f"{path}.{k}" if path else k) for k, v in obj.items()}
-        return {"__items__": [[_encode(k, arrays, f"{path}.key{i}"),
-                               _encode(v, arrays, f"{path}.{k}" if path else str(k))]
-                              for i, (k, v) in enumerate(obj.items())]}
+        return {
+            "__items__": [
+                [
+                    _encode(k, arrays, f"{path}.key{i}"),
+                    _encode(v, arrays, f"{path}.{k}" if path else str(k)),
+                ]
+                for i, (k, v) in enumerate(obj.items())
+            ]
+        }
     if isinstance(obj, (list, tuple)):
         items = [_encode(v, arrays, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
         return {"__tuple__": items} if isinstance(obj, tuple) else items
@@ -41,8 +47,10 @@ def _encode(obj, arrays: dict, path: str):
         return obj.item()
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise TypeError(f"save: cannot store a {type(obj).__name__} (tensors, arrays, dicts, lists, "
-                    "tuples, numbers, strings and None only; no pickle)")
+    raise TypeError(
+        f"save: cannot store a {type(obj).__name__} (tensors, arrays, dicts, lists, "
+        "tuples, numbers, strings and None only; no pickle)"
+    )
 
 
 def _decode(obj, arrays: dict, device):

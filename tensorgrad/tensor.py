@@ -120,8 +120,19 @@ def _to_args(args, kwargs):
 class Tensor:
     """An n-d array with reverse-mode autograd (float32 unless a dtype is given)."""
 
-    __slots__ = ("data", "grad", "_requires_grad", "_node", "_out_index", "_version", "name",
-                 "_base", "_view_fn", "_views", "__weakref__")
+    __slots__ = (
+        "data",
+        "grad",
+        "_requires_grad",
+        "_node",
+        "_out_index",
+        "_version",
+        "name",
+        "_base",
+        "_view_fn",
+        "_views",
+        "__weakref__",
+    )
     __array_priority__ = 1000  # make ndarray + Tensor call Tensor.__radd__
 
     def __init__(self, data, requires_grad: bool = False, dtype=None, device=None):
@@ -147,7 +158,14 @@ class Tensor:
         if isinstance(data, np.generic):
             data = np.asarray(data)  # full reductions give NumPy scalars: keep a 0-d array
         t = object.__new__(cls)
-        t.data, t.grad, t._node, t._out_index, t._version, t.name = data, None, node, index, [0], None
+        t.data, t.grad, t._node, t._out_index, t._version, t.name = (
+            data,
+            None,
+            node,
+            index,
+            [0],
+            None,
+        )
         t._base = t._view_fn = t._views = None
         t._requires_grad = node is not None
         return t
@@ -164,7 +182,9 @@ class Tensor:
                 f"only floating-point tensors can require gradients, got dtype {self.data.dtype}"
             )
         if not value and self._node is not None:
-            raise RuntimeError("requires_grad can only be turned off on leaf tensors; use .detach()")
+            raise RuntimeError(
+                "requires_grad can only be turned off on leaf tensors; use .detach()"
+            )
         self._requires_grad = bool(value)
 
     def requires_grad_(self, value: bool = True) -> Tensor:
@@ -226,9 +246,11 @@ class Tensor:
         if self.ndim == 0:
             return format(self.item(), spec)
         if spec:
-            raise TypeError(f"unsupported format string {spec!r} passed to Tensor.__format__ "
-                            f"(a tensor of shape {tuple(self.shape)}); format .item() or a 0-d "
-                            "tensor")
+            raise TypeError(
+                f"unsupported format string {spec!r} passed to Tensor.__format__ "
+                f"(a tensor of shape {tuple(self.shape)}); format .item() or a 0-d "
+                "tensor"
+            )
         return repr(self)
 
     # ------------------------------------------------------------------ conversion
@@ -402,8 +424,10 @@ class Tensor:
         """Integer-valued results (//, %): no gradient, PyTorch's result dtype."""
         o = other.data if isinstance(other, Tensor) else other
         dt = result_type(self, other)
-        a, b = self.data.astype(dt, copy=False), (o.astype(dt, copy=False) if hasattr(o, "dtype")
-                                                  else o)
+        a, b = (
+            self.data.astype(dt, copy=False),
+            (o.astype(dt, copy=False) if hasattr(o, "dtype") else o),
+        )
         out = op(b, a) if reflected else op(a, b)
         return Tensor._make(get_array_module(out).asarray(out, dtype=dt), None, 0)
 
@@ -441,8 +465,9 @@ class Tensor:
     def _compare(self, op, other):
         if isinstance(other, Tensor):
             other = other.data
-        elif not isinstance(other, (bool, int, float, list, tuple, np.generic)) and \
-                not hasattr(other, "dtype"):
+        elif not isinstance(other, (bool, int, float, list, tuple, np.generic)) and not hasattr(
+            other, "dtype"
+        ):
             return NotImplemented  # e.g. pytest.approx: let the other side compare
         return Tensor._make(op(self.data, other), None, 0)
 
@@ -510,8 +535,7 @@ class Tensor:
             )
         if r.dtype.kind == "f" and self.dtype.kind != "f":
             raise RuntimeError(
-                f"{op}: result type {r.dtype} can't be cast to the desired output type "
-                f"{self.dtype}"
+                f"{op}: result type {r.dtype} can't be cast to the desired output type {self.dtype}"
             )
         base = self._base
         if base is not None and is_grad_enabled() and (base.requires_grad or r.requires_grad):
@@ -580,8 +604,9 @@ class Tensor:
             new = self.data.copy()
             fill(new)
             vf = self._view_fn if base is not None else _identity
-            return self._write_through(Tensor._make(new, None, 0), vf,
-                                       lambda a, v: _put_all(vf(a), v))
+            return self._write_through(
+                Tensor._make(new, None, 0), vf, lambda a, v: _put_all(vf(a), v)
+            )
         fill(self.data)
         self._written()
         return self
@@ -591,8 +616,11 @@ class Tensor:
         xp = get_array_module(self.data)
         k = _index_key(key, xp)
         base = self._base
-        if is_grad_enabled() and (self.requires_grad or (base is not None and base.requires_grad)
-                                  or (isinstance(value, Tensor) and value.requires_grad)):
+        if is_grad_enabled() and (
+            self.requires_grad
+            or (base is not None and base.requires_grad)
+            or (isinstance(value, Tensor) and value.requires_grad)
+        ):
             # recorded: region k of this tensor (of its base, through the view) is replaced
             v = value if isinstance(value, Tensor) else Tensor(as_array(value), device=self.device)
             vf = self._view_fn
@@ -638,8 +666,11 @@ class Tensor:
     def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
         """Fill with N(mean, std²) samples from the seeded generator (or ``generator``)."""
         g = _rng_of(generator, self.device)
-        draw = g.standard_normal(self.data.shape, dtype=np.float32) if self.dtype != np.float64 \
+        draw = (
+            g.standard_normal(self.data.shape, dtype=np.float32)
+            if self.dtype != np.float64
             else g.standard_normal(self.data.shape)
+        )
 
         def fill(a):
             a[...] = draw * std + mean
@@ -649,8 +680,11 @@ class Tensor:
     def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
         """Fill with U[a, b) samples from the seeded generator (or ``generator``)."""
         g = _rng_of(generator, self.device)
-        draw = g.random(self.data.shape, dtype=np.float32) if self.dtype != np.float64 \
+        draw = (
+            g.random(self.data.shape, dtype=np.float32)
+            if self.dtype != np.float64
             else g.random(self.data.shape)
+        )
 
         def fill(arr):
             arr[...] = draw * (b - a) + a
@@ -680,8 +714,9 @@ class Tensor:
         """Whether an in-place write to this tensor must be recorded: grad mode is on and it
         (or the base it is a view of) takes part in autograd."""
         base = self._base
-        return is_grad_enabled() and (self.requires_grad or
-                                      (base is not None and base.requires_grad))
+        return is_grad_enabled() and (
+            self.requires_grad or (base is not None and base.requires_grad)
+        )
 
     # ------------------------------------------------------------------ unary math
     exp = lambda self: E.Exp.apply(self)  # noqa: E731
@@ -719,8 +754,10 @@ class Tensor:
     def mean(self, dim=None, keepdim: bool = False, dtype=None):
         x = self if dtype is None else self.astype(dtype)
         if x.dtype.kind != "f":
-            raise RuntimeError(f"mean: expected a floating point input, got {x.dtype}; pass "
-                               "dtype=tg.float32 or call .float() first")
+            raise RuntimeError(
+                f"mean: expected a floating point input, got {x.dtype}; pass "
+                "dtype=tg.float32 or call .float() first"
+            )
         return reduce.Mean.apply(x, dim=dim, keepdim=keepdim)
 
     def var(self, dim=None, keepdim: bool = False, unbiased: bool = True, correction=None):
@@ -965,8 +1002,10 @@ class Tensor:
     def repeat(self, *sizes):
         sizes = _dims(sizes)
         if len(sizes) < self.ndim:
-            raise RuntimeError("repeat: the number of repeat dims can not be smaller than the "
-                               "number of tensor dims")
+            raise RuntimeError(
+                "repeat: the number of repeat dims can not be smaller than the "
+                "number of tensor dims"
+            )
         out = self.reshape(*([1] * (len(sizes) - self.ndim)), *self.shape)
         for d, r in enumerate(sizes):
             if r != 1:
@@ -995,8 +1034,10 @@ class Tensor:
                 raise ValueError(f"split: sizes {sizes} do not add up to {n} (dim {dim})")
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         pieces = shape_ops.Split.apply(self, sizes, d)
-        return tuple(self._view_of(t, _indexer((slice(None),) * d + (slice(a, a + n),)))
-                     for t, a, n in zip(pieces, starts, sizes))
+        return tuple(
+            self._view_of(t, _indexer((slice(None),) * d + (slice(a, a + n),)))
+            for t, a, n in zip(pieces, starts, sizes)
+        )
 
     def chunk(self, chunks: int, dim: int = 0):
         if self.ndim == 0:

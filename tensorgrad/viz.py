@@ -142,13 +142,15 @@ def to_dot(tensor: Tensor, params=None, expand: bool = False, path=None) -> str:
         node_id[key] = f"leaf{k}"
         label = (name or "input") + f"\n{_shape(t.shape)} {t.dtype}"
         fill = "lightblue" if name else "lightgrey"
-        lines.append(f"  leaf{k} [label={_quote(label)}, shape=ellipse, style=filled, "
-                     f"fillcolor={fill}];")
+        lines.append(
+            f"  leaf{k} [label={_quote(label)}, shape=ellipse, style=filled, fillcolor={fill}];"
+        )
     for b, (n_ops, n_params, last) in sorted(blocks.items()):
         out = ", ".join(f"{_shape(s)} {dt}" for s, dt in last.out_meta)
         label = f"block {b}\n{n_ops} ops, {len(n_params)} parameters\nout {out}"
-        lines.append(f"  block{b} [label={_quote(label)}, shape=box3d, style=filled, "
-                     "fillcolor=honeydew];")
+        lines.append(
+            f"  block{b} [label={_quote(label)}, shape=box3d, style=filled, fillcolor=honeydew];"
+        )
 
     edges = set()
     for fn in order:
@@ -192,8 +194,9 @@ def render(dot: str, path) -> Path:
             f"rendering {path} needs Graphviz's `dot` program, which is not on PATH "
             f"(the DOT text is in {dot_path}); {GRAPHVIZ_HINT}"
         )
-    res = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(path)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [exe, f"-T{fmt}", str(dot_path), "-o", str(path)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         raise RuntimeError(f"dot failed on {dot_path}: {res.stderr.strip()}")
     return path

@@ -135,10 +135,14 @@ def elementwise_source(name, in_params, out_params, operation, scalars=(), cuda=
             pre.append(f"const {ct} {nm} = {nm}_p[i];")
     body = " ".join(pre) + " { " + operation + " } " + " ".join(post)
     if cuda:
-        return (f'extern "C" __global__ void {name}({", ".join(sig)}) {{ long long i = '
-                f"(long long)blockIdx.x * blockDim.x + threadIdx.x; if (i < n) {{ {body} }} }}\n")
-    return (f'extern "C" void ew_{name}({", ".join(sig)}) {{ for (long long i = 0; i < n; ++i) '
-            f"{{ {body} }} }}\n")
+        return (
+            f'extern "C" __global__ void {name}({", ".join(sig)}) {{ long long i = '
+            f"(long long)blockIdx.x * blockDim.x + threadIdx.x; if (i < n) {{ {body} }} }}\n"
+        )
+    return (
+        f'extern "C" void ew_{name}({", ".join(sig)}) {{ for (long long i = 0; i < n; ++i) '
+        f"{{ {body} }} }}\n"
+    )
 
 
 def _wrappers(source: str) -> str:
@@ -171,7 +175,9 @@ def build(source: str, extra: str = "") -> ctypes.CDLL:
         tmp = lib.with_suffix(".tmp.so")
         r = subprocess.run(
             ["g++", *flags, str(src), "-o", str(tmp)],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if r.returncode:
             raise RuntimeError(f"g++ failed on the emulated kernels:\n{r.stderr[-4000:]}")
@@ -221,7 +227,7 @@ class ElementwiseEmulated:
 
     def __call__(self, *args):
         ins, outs = self.ins, self.outs
-        given = list(args[len(ins):]) + [None] * (len(outs) - len(args[len(ins):]))
+        given = list(args[len(ins) :]) + [None] * (len(outs) - len(args[len(ins) :]))
         scalars = {n: a for (t, n), a in zip(ins, args) if not isinstance(a, np.ndarray)}
         shapes = [a.shape for a in args if isinstance(a, np.ndarray)]
         shape = np.broadcast_shapes(*shapes)
@@ -271,11 +277,18 @@ def install(monkeypatch) -> None:
 
     monkeypatch.setattr(K, "_raw", lambda name: kernel("rows", K.rows_source, name))
     monkeypatch.setattr(FA, "_raw", lambda hd, name: kernel(hd, lambda: FA.flash_source(hd), name))
-    monkeypatch.setattr(K, "_elementwise", lambda name: ElementwiseEmulated(name, K.ELEMENTWISE[name]))
+    monkeypatch.setattr(
+        K, "_elementwise", lambda name: ElementwiseEmulated(name, K.ELEMENTWISE[name])
+    )
     for module in (K, FA):
         monkeypatch.setattr(module, "require_cupy", lambda: np)
-    monkeypatch.setattr(CO, "on_gpu", lambda *a: all(
-        x is None or (isinstance(x, np.ndarray) and x.dtype == np.float32) for x in a))
+    monkeypatch.setattr(
+        CO,
+        "on_gpu",
+        lambda *a: all(
+            x is None or (isinstance(x, np.ndarray) and x.dtype == np.float32) for x in a
+        ),
+    )
     registry = {key: list(ks) for key, ks in kernels._registry.items()}
     for (op, dev), ks in kernels._registry.items():
         if dev == "cuda" and op != "matmul":
@@ -293,9 +306,21 @@ def nvcc_check(source: str, arch: str = "sm_90") -> str:
         src = Path(d) / "k.cu"
         src.write_text(source)
         r = subprocess.run(
-            [nvcc, "-c", f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings", str(src),
-             "-o", str(Path(d) / "k.o")],
-            capture_output=True, text=True, check=False,
+            [
+                nvcc,
+                "-c",
+                f"-arch={arch}",
+                "-Xptxas",
+                "-v",
+                "-Werror",
+                "all-warnings",
+                str(src),
+                "-o",
+                str(Path(d) / "k.o"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
     if r.returncode:
         raise RuntimeError(f"nvcc failed:\n{r.stderr[-4000:]}")

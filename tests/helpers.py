@@ -45,8 +45,18 @@ def assert_close(got, want, atol=1e-6, rtol=1e-6, what="value"):
     assert not bad, f"{what}: worst element {tuple(map(int, k))} is {g!r}, expected {w!r}"
 
 
-def check_op(tg_fn, np_fn, *arrays, grad=True, atol=1e-7, rtol=1e-6, grad_atol=1e-5,
-             grad_rtol=1e-3, eps=1e-6, name=None):
+def check_op(
+    tg_fn,
+    np_fn,
+    *arrays,
+    grad=True,
+    atol=1e-7,
+    rtol=1e-6,
+    grad_atol=1e-5,
+    grad_rtol=1e-3,
+    eps=1e-6,
+    name=None,
+):
     """Forward of ``tg_fn`` against ``np_fn`` and backward against finite differences.
 
     ``arrays`` are NumPy arrays (or scalars); float ones become float64 tensors that require
@@ -91,8 +101,9 @@ def check_op(tg_fn, np_fn, *arrays, grad=True, atol=1e-7, rtol=1e-6, grad_atol=1
 
 def shapes(min_dims=0, max_dims=3, min_side=1, max_side=3):
     """Small shapes, size-1 dims and (with min_dims=0) 0-d included."""
-    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side,
-                            max_side=max_side)
+    return hnp.array_shapes(
+        min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
+    )
 
 
 def broadcast_pairs(min_dims=0, max_dims=3, max_side=3):

@@ -34,16 +34,22 @@ def collectives(out_path: str) -> None:
     ddp = dist.DataParallel(params, bucket_mb=0.02)
     res["buckets"] = len(ddp.buckets)
     res["broadcast_ok"] = all(float(abs(p.data).max()) == 0.0 for p in params)  # rank 0's zeros
-    grads = [[np.random.default_rng([k, i]).standard_normal(s).astype(np.float32)
-              for i, s in enumerate(shapes)] for k in range(n)]
+    grads = [
+        [
+            np.random.default_rng([k, i]).standard_normal(s).astype(np.float32)
+            for i, s in enumerate(shapes)
+        ]
+        for k in range(n)
+    ]
     for i, p in enumerate(params):
         if not (i == 4 and r == 1):  # rank 1 has no gradient for parameter 4
             p.grad = tg.tensor(grads[r][i])
     ddp.reduce_gradients()
     worst = 0.0
     for i, p in enumerate(params):
-        want = np.mean([grads[k][i] if not (i == 4 and k == 1) else 0 * grads[k][i]
-                        for k in range(n)], axis=0)
+        want = np.mean(
+            [grads[k][i] if not (i == 4 and k == 1) else 0 * grads[k][i] for k in range(n)], axis=0
+        )
         worst = max(worst, float(np.abs(p.grad.data - want).max()))
     res["grad_worst"] = worst
     res["grad_bytes"] = ddp.comm_bytes
@@ -101,9 +107,20 @@ def _fake_cupy():
 
     nccl = types.ModuleType("cupy.cuda.nccl")
     nccl.__dict__.update(
-        NcclCommunicator=NcclCommunicator, available=True, NCCL_SUM=0, NCCL_MAX=2, NCCL_MIN=3,
-        NCCL_FLOAT32=7, NCCL_FLOAT64=8, NCCL_FLOAT16=6, NCCL_INT32=2, NCCL_INT64=4,
-        get_unique_id=lambda: tuple(int(v) for v in np.random.default_rng().integers(-128, 128, 128)))
+        NcclCommunicator=NcclCommunicator,
+        available=True,
+        NCCL_SUM=0,
+        NCCL_MAX=2,
+        NCCL_MIN=3,
+        NCCL_FLOAT32=7,
+        NCCL_FLOAT64=8,
+        NCCL_FLOAT16=6,
+        NCCL_INT32=2,
+        NCCL_INT64=4,
+        get_unique_id=lambda: tuple(
+            int(v) for v in np.random.default_rng().integers(-128, 128, 128)
+        ),
+    )
     stream = types.SimpleNamespace(ptr=12345, synchronize=lambda: None)
     cuda = types.ModuleType("cupy.cuda")
     cuda.nccl, cuda.get_current_stream = nccl, lambda: stream
@@ -141,18 +158,32 @@ def fake_nccl(out_path: str) -> None:
     shapes = [(300, 40), (17,), (64, 64), (1,)]
     params = [tg.nn.Parameter(np.full(s, float(r), np.float32).view(GpuArray)) for s in shapes]
     ddp = dist.DataParallel(params, bucket_mb=0.02)
-    grads = [[np.random.default_rng([k, i]).standard_normal(s).astype(np.float32)
-              for i, s in enumerate(shapes)] for k in range(n)]
+    grads = [
+        [
+            np.random.default_rng([k, i]).standard_normal(s).astype(np.float32)
+            for i, s in enumerate(shapes)
+        ]
+        for k in range(n)
+    ]
     for i, p in enumerate(params):
         p.grad = tg.Tensor(grads[r][i].copy().view(GpuArray))
     ddp.reduce_gradients()
-    res = {"on_gpu": all(isinstance(p.grad.data, GpuArray) and isinstance(p.data, GpuArray)
-                         for p in params),
-           "broadcast_ok": all(float(np.abs(np.asarray(p.data)).max()) == 0.0 for p in params),
-           "grad_worst": max(float(np.abs(np.asarray(p.grad.data) - np.mean(
-               [grads[k][i] for k in range(n)], axis=0)).max()) for i, p in enumerate(params)),
-           "max": np.asarray(dist.all_reduce(np.full(3, r, np.int64).view(GpuArray), "max"))
-           .tolist(), "calls": [c[0] for c in calls]}
+    res = {
+        "on_gpu": all(
+            isinstance(p.grad.data, GpuArray) and isinstance(p.data, GpuArray) for p in params
+        ),
+        "broadcast_ok": all(float(np.abs(np.asarray(p.data)).max()) == 0.0 for p in params),
+        "grad_worst": max(
+            float(
+                np.abs(
+                    np.asarray(p.grad.data) - np.mean([grads[k][i] for k in range(n)], axis=0)
+                ).max()
+            )
+            for i, p in enumerate(params)
+        ),
+        "max": np.asarray(dist.all_reduce(np.full(3, r, np.int64).view(GpuArray), "max")).tolist(),
+        "calls": [c[0] for c in calls],
+    }
     if r == 0:
         with open(out_path, "w") as f:
             json.dump(res, f)
@@ -191,4 +222,4 @@ if __name__ == "__main__":
         fake_nccl(rest[0])
     else:
         cut = rest.index("--")
-        sys.exit(train(rest[0] if cut else None, rest[cut + 1:]))
+        sys.exit(train(rest[0] if cut else None, rest[cut + 1 :]))

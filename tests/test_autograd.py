@@ -64,51 +64,113 @@ FLOAT32_OPS = {
     "rpow": (lambda: [_f(3)], lambda x: 2.0**x + math.e**x),
     "pow tensor": (lambda: [_pos(3), _f(3)], lambda x, y: x**y),
     "numpy scalar": (lambda: [_f(3)], lambda x: x * np.float64(0.5) + np.float64(1.0)),
-    "unary": (lambda: [_pos(2, 3)],
-              lambda x: x.exp() + x.log() + x.sqrt() + x.tanh() + x.abs() + x.relu() +
-              x.sigmoid() + x.rsqrt() - x),
+    "unary": (
+        lambda: [_pos(2, 3)],
+        lambda x: (
+            x.exp()
+            + x.log()
+            + x.sqrt()
+            + x.tanh()
+            + x.abs()
+            + x.relu()
+            + x.sigmoid()
+            + x.rsqrt()
+            - x
+        ),
+    ),
     "matmul": (lambda: [_f(2, 2, 3, 2), _f(2, 2, 2, 3)], lambda a, b: (a @ b) * 0.5),
     "matmul 1-d": (lambda: [_f(3), _f(3)], lambda a, b: (a @ b) * 0.5),
-    "reductions": (lambda: [_f(2, 3)],
-                   lambda x: x.sum(0) + x.mean(-1, keepdim=True) + x.var(1, keepdim=True) +
-                   x.amax(0) * 0.5 + x.max(1, keepdim=True)[0] + x.std() + x.amin(0)),
-    "shape": (lambda: [_f(2, 3, 4)],
-              lambda x: x.view(6, 4).T.reshape(2, -1).transpose(0, 1).contiguous().unsqueeze(0)
-              .squeeze(0).flatten().expand(2, 24).permute(1, 0)),
-    "indexing": (lambda: [_f(4, 3)],
-                 lambda x: x[1:, None, ...][:, 0] * 1.0 + x[np.array([1, 1, 3])] + x[x.detach() > 0]
-                 .sum() + x[2, -1]),
-    "split/chunk/cat/stack": (lambda: [_f(4, 2)],
-                              lambda x: tg.cat(x.split([1, 3]), 0) + tg.stack(x.chunk(2), 0)
-                              .view(4, 2) * 0.5),
-    "where/masked_fill/tril": (lambda: [_f(2, 3)],
-                               lambda x: tg.where(tg.tensor(_mask), x, 0.0) + tg.where(
-                                   tg.tensor(_mask), 1.0, x) + x.masked_fill(_mask, -1e9)
-                               .softmax(-1) + tg.tril(x) + tg.triu(x, 1)),
-    "masked_fill -inf": (lambda: [_f(2, 3)],
-                         lambda x: x.masked_fill(~_mask, float("-inf")).softmax(-1)),
+    "reductions": (
+        lambda: [_f(2, 3)],
+        lambda x: (
+            x.sum(0)
+            + x.mean(-1, keepdim=True)
+            + x.var(1, keepdim=True)
+            + x.amax(0) * 0.5
+            + x.max(1, keepdim=True)[0]
+            + x.std()
+            + x.amin(0)
+        ),
+    ),
+    "shape": (
+        lambda: [_f(2, 3, 4)],
+        lambda x: (
+            x.view(6, 4)
+            .T.reshape(2, -1)
+            .transpose(0, 1)
+            .contiguous()
+            .unsqueeze(0)
+            .squeeze(0)
+            .flatten()
+            .expand(2, 24)
+            .permute(1, 0)
+        ),
+    ),
+    "indexing": (
+        lambda: [_f(4, 3)],
+        lambda x: (
+            x[1:, None, ...][:, 0] * 1.0
+            + x[np.array([1, 1, 3])]
+            + x[x.detach() > 0].sum()
+            + x[2, -1]
+        ),
+    ),
+    "split/chunk/cat/stack": (
+        lambda: [_f(4, 2)],
+        lambda x: tg.cat(x.split([1, 3]), 0) + tg.stack(x.chunk(2), 0).view(4, 2) * 0.5,
+    ),
+    "where/masked_fill/tril": (
+        lambda: [_f(2, 3)],
+        lambda x: (
+            tg.where(tg.tensor(_mask), x, 0.0)
+            + tg.where(tg.tensor(_mask), 1.0, x)
+            + x.masked_fill(_mask, -1e9).softmax(-1)
+            + tg.tril(x)
+            + tg.triu(x, 1)
+        ),
+    ),
+    "masked_fill -inf": (
+        lambda: [_f(2, 3)],
+        lambda x: x.masked_fill(~_mask, float("-inf")).softmax(-1),
+    ),
     "softmax/log_softmax": (lambda: [_f(2, 3)], lambda x: F.softmax(x, 0) + F.log_softmax(x)),
-    "layer_norm": (lambda: [_f(2, 3), _f(3), _f(3)],
-                   lambda x, w, b: F.layer_norm(x, 3, w, b) + F.layer_norm(x, (2, 3), eps=1e-3)),
+    "layer_norm": (
+        lambda: [_f(2, 3), _f(3), _f(3)],
+        lambda x, w, b: F.layer_norm(x, 3, w, b) + F.layer_norm(x, (2, 3), eps=1e-3),
+    ),
     "gelu": (lambda: [_f(2, 3)], lambda x: F.gelu(x) + F.gelu(x, approximate="tanh")),
     "dropout": (lambda: [_f(2, 3)], lambda x: F.dropout(x, 0.3)),
-    "linear": (lambda: [_f(2, 2, 3), _f(4, 3), _f(4)],
-               lambda x, w, b: F.linear(x, w, b) + F.linear(x, w)),
+    "linear": (
+        lambda: [_f(2, 2, 3), _f(4, 3), _f(4)],
+        lambda x, w, b: F.linear(x, w, b) + F.linear(x, w),
+    ),
     "embedding": (lambda: [_f(3, 2)], lambda w: F.embedding(_ids, w) * 0.5),
-    "cross_entropy": (lambda: [_f(3, 4)],
-                      lambda x: F.cross_entropy(x, _ids) + F.cross_entropy(
-                          x, np.array([0, -100, 3]), reduction="sum") * 0.5),
-    "cross_entropy (N,C,d)": (lambda: [_f(2, 3, 2)],
-                              lambda x: F.cross_entropy(x, np.array([[0, 1], [2, 2]]),
-                                                        reduction="none")),
-    "sdpa": (lambda: [_f(1, 2, 3, 2), _f(1, 2, 3, 2), _f(1, 2, 3, 2)],
-             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True) +
-             F.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((3, 3), np.float32))),
-    "sdpa float64 mask": (lambda: [_f(1, 3, 2), _f(1, 3, 2), _f(1, 3, 2)],
-                          lambda q, k, v: F.scaled_dot_product_attention(
-                              q, k, v, attn_mask=np.zeros((3, 3)))),
-    "sdpa dropout": (lambda: [_f(1, 3, 2), _f(1, 3, 2), _f(1, 3, 2)],
-                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.2)),
+    "cross_entropy": (
+        lambda: [_f(3, 4)],
+        lambda x: (
+            F.cross_entropy(x, _ids)
+            + F.cross_entropy(x, np.array([0, -100, 3]), reduction="sum") * 0.5
+        ),
+    ),
+    "cross_entropy (N,C,d)": (
+        lambda: [_f(2, 3, 2)],
+        lambda x: F.cross_entropy(x, np.array([[0, 1], [2, 2]]), reduction="none"),
+    ),
+    "sdpa": (
+        lambda: [_f(1, 2, 3, 2), _f(1, 2, 3, 2), _f(1, 2, 3, 2)],
+        lambda q, k, v: (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            + F.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((3, 3), np.float32))
+        ),
+    ),
+    "sdpa float64 mask": (
+        lambda: [_f(1, 3, 2), _f(1, 3, 2), _f(1, 3, 2)],
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=np.zeros((3, 3))),
+    ),
+    "sdpa dropout": (
+        lambda: [_f(1, 3, 2), _f(1, 3, 2), _f(1, 3, 2)],
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.2),
+    ),
 }
 
 
@@ -364,14 +426,17 @@ def test_inplace_on_unsaved_tensor_is_fine():
 # ----------------------------------------------------------------------------- error messages
 
 
-@pytest.mark.parametrize("fn,op,sx,sy", [
-    (lambda a, b: a @ b, "matmul", (2, 3), (4, 5)),
-    (lambda a, b: a @ b, "matmul", (2, 2, 3), (3, 3, 2)),
-    (lambda a, b: a + b, "add", (2, 3), (4,)),
-    (lambda a, b: a * b, "mul", (2, 3), (3, 2)),
-    (lambda a, b: a - b, "sub", (2, 1, 3), (4, 2)),
-    (lambda a, b: a / b, "div", (5,), (4,)),
-])
+@pytest.mark.parametrize(
+    "fn,op,sx,sy",
+    [
+        (lambda a, b: a @ b, "matmul", (2, 3), (4, 5)),
+        (lambda a, b: a @ b, "matmul", (2, 2, 3), (3, 3, 2)),
+        (lambda a, b: a + b, "add", (2, 3), (4,)),
+        (lambda a, b: a * b, "mul", (2, 3), (3, 2)),
+        (lambda a, b: a - b, "sub", (2, 1, 3), (4, 2)),
+        (lambda a, b: a / b, "div", (5,), (4,)),
+    ],
+)
 def test_shape_mismatch_names_op_and_shapes(fn, op, sx, sy):
     with pytest.raises(ValueError) as e:
         fn(tg.zeros(*sx), tg.zeros(*sy))
@@ -386,7 +451,10 @@ def test_indexing_out_of_range(key):
 
 
 def test_reduction_dim_out_of_range():
-    with pytest.raises(IndexError, match=r"sum: Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"):
+    with pytest.raises(
+        IndexError,
+        match=r"sum: Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)",
+    ):
         tg.zeros(2, 3).sum(2)
 
 

@@ -45,14 +45,26 @@ class WrongDtype(Function):
         return g.astype(np.float64)
 
 
-@pytest.mark.parametrize("fn, match", [
-    (lambda x: SumAll.apply(x), r"SumAll.backward returned a gradient of shape \(\) for input 0 "
-                                r"of shape \(2, 3\)"),
-    (lambda x: WrongShape.apply(x), r"WrongShape.backward returned a gradient of shape \(1, 3\)"),
-    (lambda x: TooFew.apply(x, x), r"TooFew.backward returned 1 gradients for 2 inputs"),
-    (lambda x: WrongDtype.apply(x), r"WrongDtype.backward returned a float64 gradient for input "
-                                    r"0 of dtype float32"),
-])
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (
+            lambda x: SumAll.apply(x),
+            r"SumAll.backward returned a gradient of shape \(\) for input 0 "
+            r"of shape \(2, 3\)",
+        ),
+        (
+            lambda x: WrongShape.apply(x),
+            r"WrongShape.backward returned a gradient of shape \(1, 3\)",
+        ),
+        (lambda x: TooFew.apply(x, x), r"TooFew.backward returned 1 gradients for 2 inputs"),
+        (
+            lambda x: WrongDtype.apply(x),
+            r"WrongDtype.backward returned a float64 gradient for input "
+            r"0 of dtype float32",
+        ),
+    ],
+)
 def test_a_wrong_backward_raises_naming_the_op(fn, match):
     x = tg.ones(2, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match=match):
@@ -138,8 +150,7 @@ def test_import_changes_nothing_process_wide():
     import subprocess
     import sys
 
-    code = ("import ctypes, tensorgrad, tensorgrad.backend as b; "
-            "print(hasattr(b, 'MALLOC_TUNED'))")
+    code = "import ctypes, tensorgrad, tensorgrad.backend as b; print(hasattr(b, 'MALLOC_TUNED'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
     code = "import sys, tensorgrad; print(any(m.startswith(('cupy', 'gpt')) for m in sys.modules))"

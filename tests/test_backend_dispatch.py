@@ -127,13 +127,14 @@ def _inplace(name):
     return f
 
 
-for _n in ("add", "sub", "mul", "truediv", "pow", "matmul", "and", "or", "xor", "mod",
-           "floordiv"):
+for _n in ("add", "sub", "mul", "truediv", "pow", "matmul", "and", "or", "xor", "mod", "floordiv"):
     setattr(FakeArray, f"__{_n}__", _binop(f"__{_n}__"))
     setattr(FakeArray, f"__r{_n}__", _binop(f"__r{_n}__"))
     setattr(FakeArray, f"__i{_n}__", _inplace(f"__i{_n}__"))
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(FakeArray, f"__{_n}__", _binop(f"__{_n}__"))
+
+
 def _unary(name):
     op = getattr(np.ndarray, name)
     return lambda self: _wrap(op(self.a))
@@ -172,18 +173,68 @@ class FakeXP:
     """The stand-in array module: the CuPy functions tensorgrad uses, each one recorded."""
 
     __name__ = "fakexp"
-    FUNCTIONS = frozenset({
-        "abs", "add", "arange", "argmax", "argmin", "argsort", "ascontiguousarray",
-        "broadcast_to", "clip", "concatenate", "copyto", "cumsum", "divide", "einsum", "empty",
-        "empty_like", "exp", "flatnonzero", "flip", "minimum", "pad", "take_along_axis",
-        "full", "isfinite", "log", "maximum", "may_share_memory", "moveaxis", "multiply", "ones",
-        "ones_like", "sign", "split", "sqrt", "stack", "subtract", "tanh", "tril", "triu", "trunc",
-        "where",
-        "zeros",
-        "zeros_like",
-    })  # errstate is left out on purpose: code must not rely on it (CuPy has none)
-    CONSTANTS = frozenset({"inf", "nan", "pi", "newaxis", "float32", "float64", "int32",
-                           "int64", "bool_", "uint8", "float16"})
+    FUNCTIONS = frozenset(
+        {
+            "abs",
+            "add",
+            "arange",
+            "argmax",
+            "argmin",
+            "argsort",
+            "ascontiguousarray",
+            "broadcast_to",
+            "clip",
+            "concatenate",
+            "copyto",
+            "cumsum",
+            "divide",
+            "einsum",
+            "empty",
+            "empty_like",
+            "exp",
+            "flatnonzero",
+            "flip",
+            "minimum",
+            "pad",
+            "take_along_axis",
+            "full",
+            "isfinite",
+            "log",
+            "maximum",
+            "may_share_memory",
+            "moveaxis",
+            "multiply",
+            "ones",
+            "ones_like",
+            "sign",
+            "split",
+            "sqrt",
+            "stack",
+            "subtract",
+            "tanh",
+            "tril",
+            "triu",
+            "trunc",
+            "where",
+            "zeros",
+            "zeros_like",
+        }
+    )  # errstate is left out on purpose: code must not rely on it (CuPy has none)
+    CONSTANTS = frozenset(
+        {
+            "inf",
+            "nan",
+            "pi",
+            "newaxis",
+            "float32",
+            "float64",
+            "int32",
+            "int64",
+            "bool_",
+            "uint8",
+            "float16",
+        }
+    )
     ndarray = FakeArray
 
     def __init__(self):
@@ -301,37 +352,76 @@ CASES = [
     ("linear", lambda a, w, b: F.linear(a, w, b), [R(2, 3, 4), R(5, 4), R(5)], []),
     ("softmax", lambda a: F.softmax(a, dim=-1), [R(2, 5)], ["exp"]),
     ("log_softmax", lambda a: F.log_softmax(a, dim=0), [R(2, 5)], ["exp", "log"]),
-    ("cross_entropy", lambda a, t: F.cross_entropy(a, t, ignore_index=1),
-     [R(4, 6), np.array([0, 1, 5, 2])], ["where", "arange", "log", "exp"]),
-    ("cross_entropy_none", lambda a, t: F.cross_entropy(a, t, reduction="none"),
-     [R(2, 6, 3), np.array([[0, 1, 5], [2, 2, 0]])], ["where"]),
-    ("layer_norm", lambda a, w, b: F.layer_norm(a, 4, w, b), [R(2, 3, 4), R(4), R(4)],
-     ["sqrt"]),
+    (
+        "cross_entropy",
+        lambda a, t: F.cross_entropy(a, t, ignore_index=1),
+        [R(4, 6), np.array([0, 1, 5, 2])],
+        ["where", "arange", "log", "exp"],
+    ),
+    (
+        "cross_entropy_none",
+        lambda a, t: F.cross_entropy(a, t, reduction="none"),
+        [R(2, 6, 3), np.array([[0, 1, 5], [2, 2, 0]])],
+        ["where"],
+    ),
+    ("layer_norm", lambda a, w, b: F.layer_norm(a, 4, w, b), [R(2, 3, 4), R(4), R(4)], ["sqrt"]),
     ("gelu_tanh", lambda a: F.gelu(a, "tanh"), [R(2, 5)], ["tanh"]),
     ("gelu_erf", lambda a: F.gelu(a), [R(2, 5)], ["exp", "where"]),
-    ("embedding", lambda w, i: F.embedding(i, w), [R(5, 3), np.array([[0, 4, 0], [1, 1, 2]])],
-     ["zeros", "add.at"]),
-    ("attention", causal_sdpa, [R(2, 2, 5, 4), R(2, 2, 5, 4), R(2, 2, 5, 4)],
-     ["tril", "where", "isfinite", "exp"]),
-    ("attention_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-     [R(1, 3, 4), R(1, 6, 4), R(1, 6, 4), rng.random((3, 6)) > 0.3], ["where"]),
-    ("attention_additive", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
-     [R(2, 3, 4), R(2, 3, 4), R(2, 3, 4), R(3, 3)], ["exp"]),
+    (
+        "embedding",
+        lambda w, i: F.embedding(i, w),
+        [R(5, 3), np.array([[0, 4, 0], [1, 1, 2]])],
+        ["zeros", "add.at"],
+    ),
+    (
+        "attention",
+        causal_sdpa,
+        [R(2, 2, 5, 4), R(2, 2, 5, 4), R(2, 2, 5, 4)],
+        ["tril", "where", "isfinite", "exp"],
+    ),
+    (
+        "attention_mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        [R(1, 3, 4), R(1, 6, 4), R(1, 6, 4), rng.random((3, 6)) > 0.3],
+        ["where"],
+    ),
+    (
+        "attention_additive",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
+        [R(2, 3, 4), R(2, 3, 4), R(2, 3, 4), R(3, 3)],
+        ["exp"],
+    ),
     ("clamp", lambda a: a.clamp(-0.5, 0.5), [R(2, 3)], ["maximum", "minimum"]),
-    ("maximum", lambda a, b: tg.maximum(a, b) + tg.minimum(a, b) * 2, [R(2, 3), R(3)],
-     ["maximum", "minimum"]),
-    ("gather", lambda a, i: a.gather(1, i), [R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])],
-     ["take_along_axis", "add.at"]),
-    ("scatter_add", lambda a, s, i: a.scatter_add(1, i, s),
-     [R(2, 3), R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])], ["add.at", "take_along_axis"]),
+    (
+        "maximum",
+        lambda a, b: tg.maximum(a, b) + tg.minimum(a, b) * 2,
+        [R(2, 3), R(3)],
+        ["maximum", "minimum"],
+    ),
+    (
+        "gather",
+        lambda a, i: a.gather(1, i),
+        [R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])],
+        ["take_along_axis", "add.at"],
+    ),
+    (
+        "scatter_add",
+        lambda a, s, i: a.scatter_add(1, i, s),
+        [R(2, 3), R(2, 3), np.array([[0, 2, 2], [1, 1, 0]])],
+        ["add.at", "take_along_axis"],
+    ),
     ("sort_topk", lambda a: a.sort(dim=1)[0] + a.topk(3, dim=1)[0], [R(2, 3)], ["argsort"]),
     ("cumsum", lambda a: a.cumsum(1), [R(2, 3)], ["cumsum", "flip"]),
     ("einsum", lambda a, b: tg.einsum("ij,kj->ik", a, b), [R(2, 3), R(4, 3)], ["einsum"]),
     ("pad", lambda a: F.pad(a, (1, 2, 0, 1), value=0.5), [R(2, 3)], ["pad"]),
     ("silu_mse", lambda a, b: F.silu(a) + F.mse_loss(a, b), [R(2, 3), R(2, 3)], []),
     ("clone_norm", lambda a: a.clone() * a.norm(dim=1, keepdim=True), [R(2, 3)], ["sqrt"]),
-    ("label_smoothing", lambda a, t: F.cross_entropy(a, t, label_smoothing=0.1),
-     [R(4, 6), np.array([0, 1, 5, 2])], ["exp", "log"]),
+    (
+        "label_smoothing",
+        lambda a, t: F.cross_entropy(a, t, label_smoothing=0.1),
+        [R(4, 6), np.array([0, 1, 5, 2])],
+        ["exp", "log"],
+    ),
 ]
 
 
@@ -380,13 +470,22 @@ def test_sampling_and_in_place_fills_stay_on_the_device(fake):
     v, i = tg.topk(p, 2)
     assert v.device == "cuda" and i.device == "cuda"
     w = tg.zeros(4, 5, device="cuda")
-    for fill in (lambda: nn.init.normal_(w), lambda: nn.init.xavier_uniform_(w),
-                 lambda: nn.init.trunc_normal_(w, std=0.02), lambda: w.copy_(np.ones((4, 5))),
-                 lambda: w.masked_fill_(w > 0, 0.0), lambda: w.zero_()):
+    for fill in (
+        lambda: nn.init.normal_(w),
+        lambda: nn.init.xavier_uniform_(w),
+        lambda: nn.init.trunc_normal_(w, std=0.02),
+        lambda: w.copy_(np.ones((4, 5))),
+        lambda: w.masked_fill_(w > 0, 0.0),
+        lambda: w.zero_(),
+    ):
         fill()
         assert isinstance(w.data, FakeArray)
-    for t in (tg.randn_like(w), tg.rand_like(w), tg.full_like(w, 2), tg.randint(3, (2,),
-                                                                                device="cuda")):
+    for t in (
+        tg.randn_like(w),
+        tg.rand_like(w),
+        tg.full_like(w, 2),
+        tg.randint(3, (2,), device="cuda"),
+    ):
         assert t.device == "cuda"
 
 
@@ -403,11 +502,18 @@ def test_module_to_moves_buffers_and_load_returns_device_tensors(fake, tmp_path)
 
 
 def test_factories_and_moves(fake):
-    for t in (tg.zeros(2, 3, device="cuda"), tg.ones(2, device="cuda"),
-              tg.full((2,), 7.0, device="cuda"), tg.arange(4, device="cuda"),
-              tg.randn(3, device="cuda"), tg.rand(3, device="cuda"),
-              tg.randint(0, 5, (3,), device="cuda"), tg.tensor([1.0, 2.0], device="cuda"),
-              tg.tril(tg.ones(3, 3, device="cuda")), tg.zeros_like(tg.ones(2, device="cuda"))):
+    for t in (
+        tg.zeros(2, 3, device="cuda"),
+        tg.ones(2, device="cuda"),
+        tg.full((2,), 7.0, device="cuda"),
+        tg.arange(4, device="cuda"),
+        tg.randn(3, device="cuda"),
+        tg.rand(3, device="cuda"),
+        tg.randint(0, 5, (3,), device="cuda"),
+        tg.tensor([1.0, 2.0], device="cuda"),
+        tg.tril(tg.ones(3, 3, device="cuda")),
+        tg.zeros_like(tg.ones(2, device="cuda")),
+    ):
         assert t.device == "cuda" and isinstance(t.data, FakeArray)
     x = tg.randn(2, 3, requires_grad=True)
     y = x.to("cuda")
@@ -445,7 +551,7 @@ def comparable(name: str, a: np.ndarray) -> np.ndarray:
     """
     if name.endswith("attn.c_attn.bias"):
         C = a.shape[0] // 3
-        return np.concatenate([a[:C], a[2 * C:]])
+        return np.concatenate([a[:C], a[2 * C :]])
     return a
 
 
@@ -480,8 +586,9 @@ def test_tiny_gpt_training_step(fake, doc_sep):
     np.testing.assert_allclose(dev_losses, cpu_losses, rtol=1e-6)
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), dev_model.named_parameters()):
         assert isinstance(q.data, FakeArray), n
-        np.testing.assert_allclose(comparable(n, q.numpy()), comparable(n, p.numpy()),
-                                   rtol=1e-5, atol=1e-5, err_msg=n)
+        np.testing.assert_allclose(
+            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-5, atol=1e-5, err_msg=n
+        )
     for c in ("exp", "sqrt", "tanh", "add.at", "where", "split", "zeros_like"):
         assert fake.calls[c], f"{c} was not called through xp: {dict(fake.calls)}"
     out = dev_model.generate(np.array([[1, 2, 3]]), 4, temperature=0)
@@ -509,14 +616,17 @@ def test_checkpoints_cross_devices(fake, tmp_path):
 
 
 def _run(code: str) -> str:
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
 def test_import_never_imports_cupy():
-    assert _run("import tensorgrad, gpt.model, sys; print('cupy' in sys.modules)").strip() == "False"
+    assert (
+        _run("import tensorgrad, gpt.model, sys; print('cupy' in sys.modules)").strip() == "False"
+    )
 
 
 def test_cuda_request_without_cupy_is_one_clear_line():
@@ -536,4 +646,4 @@ def test_cuda_request_without_cupy_is_one_clear_line():
     assert lines[0] == "False" and len(lines) == 4
     for line in lines[1:]:
         msg = eval(line)
-        assert "\n" not in msg and '.[cuda]' in msg and "CuPy is not installed" in msg
+        assert "\n" not in msg and ".[cuda]" in msg and "CuPy is not installed" in msg

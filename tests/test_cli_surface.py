@@ -21,30 +21,34 @@ def test_resume_of_a_finished_run_says_it_is_finished(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert run(corpus, out, "--max-iters", "3", "--eval-interval", "3")[0] == 0
     n = len(records(out))
-    code, _, err = run(corpus, out, "--max-iters", "3", "--eval-interval", "3", "--resume",
-                       capsys=capsys)
+    code, _, err = run(
+        corpus, out, "--max-iters", "3", "--eval-interval", "3", "--resume", capsys=capsys
+    )
     assert code == 0
     assert "is finished (iter 3 of --max-iters 3)" in err and "--max-iters" in err
     assert len(records(out)) == n  # nothing trained, nothing logged
 
 
 def test_closing_hint_follows_no_sample(corpus, tmp_path, capsys):  # noqa: F811
-    code, out, _ = run(corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2",
-                       capsys=capsys)
+    code, out, _ = run(
+        corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2", capsys=capsys
+    )
     assert code == 0
     assert "sample it:" in out and "sample again" not in out  # TINY has --no-sample
 
 
 def test_evaluation_shows_progress(corpus, tmp_path, capsys):  # noqa: F811
-    code, _, err = run(corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2",
-                       capsys=capsys)
+    code, _, err = run(
+        corpus, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2", capsys=capsys
+    )
     assert code == 0 and "eval" in err
 
 
 def test_loss_png_or_one_line_saying_how(corpus, tmp_path, capsys, monkeypatch):  # noqa: F811
     monkeypatch.setattr(diagnostics, "plot_metrics", lambda records, path: False)  # no mpl
-    code, _, err = run(corpus, tmp_path / "r", "--max-iters", "4", "--eval-interval", "2",
-                       capsys=capsys)
+    code, _, err = run(
+        corpus, tmp_path / "r", "--max-iters", "4", "--eval-interval", "2", capsys=capsys
+    )
     assert code == 0
     assert err.count("loss.png skipped: matplotlib is not installed") == 1
     assert "gpt-plot OUT_DIR" in err
@@ -61,15 +65,18 @@ def test_gpt_plot_redraws_loss_png(tmp_path, capsys):
 
 
 def test_gpt_plot_bad_dir_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gpt.plot", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpt.plot", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "metrics.jsonl does not exist" in r.stderr
 
 
 def test_python_m_gpt_lists_the_commands():
-    r = subprocess.run([sys.executable, "-m", "gpt"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "gpt"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
     for name in ("gpt-train", "gpt-sample", "gpt-explain", "gpt-plot"):
         assert name in r.stdout

@@ -50,8 +50,15 @@ def _highest():
 
 def run(fn, arrays, device):
     """Forward output and input gradients of a weighted sum of the output, on the host."""
-    ts = [tg.tensor(np.array(a), dtype=np.asarray(a).dtype, device=device,
-                    requires_grad=np.asarray(a).dtype.kind == "f") for a in arrays]
+    ts = [
+        tg.tensor(
+            np.array(a),
+            dtype=np.asarray(a).dtype,
+            device=device,
+            requires_grad=np.asarray(a).dtype.kind == "f",
+        )
+        for a in arrays
+    ]
     out = fn(*ts)
     assert out.device == device
     w = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
@@ -80,9 +87,14 @@ def test_device_api():
     np.testing.assert_array_equal(y.numpy(), x.numpy())
     (y * 3).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 3, np.float32))
-    for t in (tg.zeros(2, device="cuda"), tg.arange(3, device="cuda"),
-              tg.randn(2, device="cuda"), tg.rand(2, device="cuda"),
-              tg.randint(0, 3, (2,), device="cuda"), tg.full((2,), 1.0, device="cuda")):
+    for t in (
+        tg.zeros(2, device="cuda"),
+        tg.arange(3, device="cuda"),
+        tg.randn(2, device="cuda"),
+        tg.rand(2, device="cuda"),
+        tg.randint(0, 3, (2,), device="cuda"),
+        tg.full((2,), 1.0, device="cuda"),
+    ):
         assert isinstance(t.data, cp.ndarray)
     lin = tg.nn.Linear(4, 2).cuda()
     assert all(isinstance(p.data, cp.ndarray) for p in lin.parameters())
@@ -150,8 +162,13 @@ def test_flash_attention_causal_offsets(L, S):
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    assert_same(f"flash L={L} S={S}", run(fn, arrays, "cuda"), run(fn, arrays, "cpu"),
-                atol=2e-5, grad_atol=2e-4)
+    assert_same(
+        f"flash L={L} S={S}",
+        run(fn, arrays, "cuda"),
+        run(fn, arrays, "cpu"),
+        atol=2e-5,
+        grad_atol=2e-4,
+    )
 
 
 def test_cross_entropy_large_vocab():
@@ -160,8 +177,13 @@ def test_cross_entropy_large_vocab():
     t = r.integers(0, 50257, 64)
     t[5] = -1
     fn = lambda a, b: F.cross_entropy(a, b, ignore_index=-1)
-    assert_same("cross_entropy V=50257", run(fn, [x, t], "cuda"), run(fn, [x, t], "cpu"),
-                atol=1e-6, grad_atol=1e-8)
+    assert_same(
+        "cross_entropy V=50257",
+        run(fn, [x, t], "cuda"),
+        run(fn, [x, t], "cpu"),
+        atol=1e-6,
+        grad_atol=1e-8,
+    )
 
 
 def test_adamw_kernel_matches_cpu_bits():
@@ -251,8 +273,9 @@ def test_tiny_gpt_training_gpu_vs_cpu(fused):
     np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-5)
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
         assert isinstance(q.data, cp.ndarray), n
-        np.testing.assert_allclose(comparable(n, q.numpy()), comparable(n, p.numpy()),
-                                   rtol=1e-4, atol=1e-4, err_msg=n)
+        np.testing.assert_allclose(
+            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-4, atol=1e-4, err_msg=n
+        )
 
 
 def test_seeded_gpu_runs_repeat():

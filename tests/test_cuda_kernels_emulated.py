@@ -38,8 +38,9 @@ def R(*shape, lo=-2.0, hi=2.0):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("what", ["rows", "flash8", "flash64", "flash80", "flash128",
-                                  "elementwise"])
+@pytest.mark.parametrize(
+    "what", ["rows", "flash8", "flash64", "flash80", "flash128", "elementwise"]
+)
 def test_nvcc_compiles(what):
     if what == "rows":
         src = K.rows_source()
@@ -47,8 +48,10 @@ def test_nvcc_compiles(what):
         src = FA.flash_source(int(what[5:]))
     else:
         scalars = ("decay", "b1", "omb1", "b2", "omb2", "bc2", "eps", "step", "ncls")
-        src = "".join(ce.elementwise_source(n, *spec, scalars=scalars, cuda=True)
-                      for n, spec in K.ELEMENTWISE.items())
+        src = "".join(
+            ce.elementwise_source(n, *spec, scalars=scalars, cuda=True)
+            for n, spec in K.ELEMENTWISE.items()
+        )
     report = ce.nvcc_check(src)
     for line in report.splitlines():
         if "smem" in line:
@@ -66,8 +69,10 @@ def emulated(monkeypatch):
 
 def run(fn, arrays, grad=True):
     """Forward output and input gradients (weighted sum of the output) as NumPy arrays."""
-    ts = [tg.tensor(a.copy(), dtype=a.dtype, requires_grad=grad and a.dtype.kind == "f")
-          for a in arrays]
+    ts = [
+        tg.tensor(a.copy(), dtype=a.dtype, requires_grad=grad and a.dtype.kind == "f")
+        for a in arrays
+    ]
     out = fn(*ts)
     w = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
     (out * tg.tensor(w)).sum().backward()
@@ -77,8 +82,10 @@ def run(fn, arrays, grad=True):
 def qkv_strided(B, T, H, E):
     """q, k, v as the model makes them: (B, H, T, E) views of one (B, T, 3·H·E) array."""
     x = R(B, T, 3 * H * E)
-    return [x[..., i * H * E:(i + 1) * H * E].reshape(B, T, H, E).transpose(0, 2, 1, 3)
-            for i in range(3)]
+    return [
+        x[..., i * H * E : (i + 1) * H * E].reshape(B, T, H, E).transpose(0, 2, 1, 3)
+        for i in range(3)
+    ]
 
 
 def sdpa(causal, scale=None):
@@ -87,21 +94,32 @@ def sdpa(causal, scale=None):
 
 FUSED = [
     ("layer_norm", lambda x, w, b: F.layer_norm(x, 37, w, b), [R(5, 37), R(37), R(37)]),
-    ("layer_norm_many_rows", lambda x, w, b: F.layer_norm(x, 40, w, b),
-     [R(40, 40), R(40), R(40)]),  # 3 row blocks (of 16 here) x 2 column blocks of partials
+    (
+        "layer_norm_many_rows",
+        lambda x, w, b: F.layer_norm(x, 40, w, b),
+        [R(40, 40), R(40), R(40)],
+    ),  # 3 row blocks (of 16 here) x 2 column blocks of partials
     ("layer_norm_2d_no_bias", lambda x, w: F.layer_norm(x, (3, 50), w), [R(2, 3, 50), R(3, 50)]),
     ("layer_norm_no_affine", lambda x: F.layer_norm(x, 300), [R(3, 300)]),
     ("gelu_tanh", lambda x: F.gelu(x, "tanh"), [R(7, 9, lo=-6, hi=6)]),
     ("gelu_erf", lambda x: F.gelu(x), [R(7, 9, lo=-6, hi=6)]),
     ("softmax", lambda x: F.softmax(x, dim=-1), [R(4, 3, 300, lo=-30, hi=30)]),
-    ("softmax_masked", lambda x: F.softmax(x.masked_fill(x > 1.0, float("-inf")), -1),
-     [R(6, 5)]),
-    ("cross_entropy", lambda x, t: F.cross_entropy(x, t, ignore_index=2),
-     [R(6, 1500, lo=-8, hi=8), np.array([0, 2, 1499, 7, 2, 100])]),
-    ("cross_entropy_sum", lambda x, t: F.cross_entropy(x, t, reduction="sum"),
-     [R(3, 40), np.array([0, 39, 5])]),
-    ("cross_entropy_none", lambda x, t: F.cross_entropy(x, t, reduction="none"),
-     [R(3, 40), np.array([0, 39, 5])]),
+    ("softmax_masked", lambda x: F.softmax(x.masked_fill(x > 1.0, float("-inf")), -1), [R(6, 5)]),
+    (
+        "cross_entropy",
+        lambda x, t: F.cross_entropy(x, t, ignore_index=2),
+        [R(6, 1500, lo=-8, hi=8), np.array([0, 2, 1499, 7, 2, 100])],
+    ),
+    (
+        "cross_entropy_sum",
+        lambda x, t: F.cross_entropy(x, t, reduction="sum"),
+        [R(3, 40), np.array([0, 39, 5])],
+    ),
+    (
+        "cross_entropy_none",
+        lambda x, t: F.cross_entropy(x, t, reduction="none"),
+        [R(3, 40), np.array([0, 39, 5])],
+    ),
     ("embedding", lambda w, i: F.embedding(i, w), [R(9, 20), rng.integers(0, 9, (4, 7))]),
     ("attention_causal", sdpa(True), [R(2, 3, 70, 64) for _ in range(3)]),
     ("attention_full", sdpa(False), [R(2, 2, 33, 64) for _ in range(3)]),
@@ -134,19 +152,31 @@ def test_fused_kernel_matches_numpy_twin(monkeypatch, name, fn, arrays):
 @needs_gxx
 def test_fused_branches_really_ran(emulated, monkeypatch):
     calls = []
-    for name in ("gelu_forward", "layer_norm_backward", "flash_attention_backward",
-                 "cross_entropy_backward", "embedding_backward"):
+    for name in (
+        "gelu_forward",
+        "layer_norm_backward",
+        "flash_attention_backward",
+        "cross_entropy_backward",
+        "embedding_backward",
+    ):
         module = FA if name.startswith("flash") else K
         orig = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n)
-                            or _o(*a, **kw))
+        monkeypatch.setattr(
+            module, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n) or _o(*a, **kw)
+        )
     run(lambda x, w, b: F.gelu(F.layer_norm(x, 8, w, b), "tanh"), [R(3, 8), R(8), R(8)])
     run(sdpa(True), [R(1, 2, 5, 8) for _ in range(3)])
     run(lambda x, t: F.cross_entropy(x, t), [R(3, 5), np.array([1, 2, 3])])
     run(lambda w, i: F.embedding(i, w), [R(4, 3), np.array([1, 1, 3])])
-    assert sorted(set(calls)) == sorted(["gelu_forward", "layer_norm_backward",
-                                         "flash_attention_backward", "cross_entropy_backward",
-                                         "embedding_backward"])
+    assert sorted(set(calls)) == sorted(
+        [
+            "gelu_forward",
+            "layer_norm_backward",
+            "flash_attention_backward",
+            "cross_entropy_backward",
+            "embedding_backward",
+        ]
+    )
 
 
 @needs_gxx
@@ -204,8 +234,9 @@ def test_tiny_gpt_steps_with_fused_kernels(monkeypatch):
     model, losses = steps()
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for (n, p), (_, q) in zip(ref_model.named_parameters(), model.named_parameters()):
-        np.testing.assert_allclose(comparable(n, q.numpy()), comparable(n, p.numpy()),
-                                   rtol=1e-4, atol=1e-4, err_msg=n)
+        np.testing.assert_allclose(
+            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-4, atol=1e-4, err_msg=n
+        )
 
 
 # ----------------------------------------------------------------------------- the tiling
@@ -233,15 +264,17 @@ def flash_tiles(q, k, v, causal, scale, BR, BC):
             mref = np.where(mnew == -np.inf, 0.0, mnew)
             p, alpha = np.exp2(s - mref[:, None]), np.exp2(m - mref)
             l, m = l * alpha + p.sum(axis=1), mnew
-            acc = acc * alpha[:, None] + p @ v[j0:j0 + BC]
+            acc = acc * alpha[:, None] + p @ v[j0 : j0 + BC]
         seen = l > 0
         o[i0:i1] = np.where(seen[:, None], acc / np.where(seen, l, 1)[:, None], 0)
         lse[i0:i1] = np.where(seen, (m + np.log2(np.where(seen, l, 1))) / np.log2(np.e), np.inf)
     return o, lse
 
 
-@pytest.mark.parametrize("L, S, causal", [(70, 70, True), (70, 70, False), (5, 37, True),
-                                          (40, 9, True), (1, 1, True), (33, 64, False)])
+@pytest.mark.parametrize(
+    "L, S, causal",
+    [(70, 70, True), (70, 70, False), (5, 37, True), (40, 9, True), (1, 1, True), (33, 64, False)],
+)
 def test_flash_tiling_in_numpy(L, S, causal):
     q, k, v = (rng.standard_normal((n, 16)) for n in (L, S, S))
     o, lse = flash_tiles(q, k, v, causal, 0.25, BR=16, BC=8)
@@ -253,8 +286,9 @@ def test_flash_tiling_in_numpy(L, S, causal):
     p = np.exp(s - m[:, None])
     want = np.where(seen[:, None], (p / np.where(seen, p.sum(1), 1)[:, None]) @ v, 0)
     np.testing.assert_allclose(o, want, atol=1e-12)
-    np.testing.assert_allclose(lse[seen], (m + np.log(np.where(seen, p.sum(1), 1)))[seen],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        lse[seen], (m + np.log(np.where(seen, p.sum(1), 1)))[seen], rtol=1e-12
+    )
     assert np.all(lse[~seen] == np.inf)
 
 

@@ -23,9 +23,25 @@ from gpt import train
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "mpi_worker.py")
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
-        "--batch-size", "4", "--eval-iters", "2", "--dropout", "0", "--warmup-iters", "2",
-        "--no-sample"]
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "2",
+    "--dropout",
+    "0",
+    "--warmup-iters",
+    "2",
+    "--no-sample",
+]
 RUN = ["--max-iters", "20", "--eval-interval", "10"]
 TIMEOUT = 120  # per launch; a hang fails the test instead of blocking CI
 
@@ -39,15 +55,16 @@ def _mpiexec() -> list[str] | None:
     exe = str(exe) if exe.exists() else shutil.which("mpiexec")
     if exe is None:
         return None
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True,
-                         check=False).stdout
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout
     extra = ["--allow-run-as-root", "--oversubscribe"] if "Open MPI" in out else []
     return [exe, *extra]
 
 
 MPIEXEC = _mpiexec()
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec missing: "
-                               'pip install -e ".[test,mpi]" to run the multi-rank tests')
+needs_mpi = pytest.mark.skipif(
+    MPIEXEC is None,
+    reason='mpi4py or mpiexec missing: pip install -e ".[test,mpi]" to run the multi-rank tests',
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +72,25 @@ def corpus(tmp_path_factory):
     """A few KB of text and a private data cache (as in test_train.py)."""
     d = tmp_path_factory.mktemp("corpus")
     rnd = random.Random(0)
-    words = ["the", "king", "and", "queen", "of", "a", "far", "land", "rode", "out", "at",
-             "dawn", "to", "see", "what", "lay", "beyond"]
+    words = [
+        "the",
+        "king",
+        "and",
+        "queen",
+        "of",
+        "a",
+        "far",
+        "land",
+        "rode",
+        "out",
+        "at",
+        "dawn",
+        "to",
+        "see",
+        "what",
+        "lay",
+        "beyond",
+    ]
     for name in ("a.txt", "b.txt"):
         lines = (" ".join(rnd.choice(words) for _ in range(10)) for _ in range(60))
         (d / name).write_text("\n".join(lines) + "\n")
@@ -67,20 +101,42 @@ def corpus(tmp_path_factory):
 
 
 def _env(dist_timeout=30):
-    return dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                TG_DIST_TIMEOUT=str(dist_timeout))
+    return dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OPENBLAS_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        TG_DIST_TIMEOUT=str(dist_timeout),
+    )
 
 
 def mpirun(n, *worker_args, dist_timeout=30):
     """mpiexec -n n python tests/mpi_worker.py ARGS; returns the CompletedProcess."""
-    return subprocess.run([*MPIEXEC, "-n", str(n), sys.executable, WORKER, *worker_args],
-                          env=_env(dist_timeout), cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT, check=False)
+    return subprocess.run(
+        [*MPIEXEC, "-n", str(n), sys.executable, WORKER, *worker_args],
+        env=_env(dist_timeout),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
 
 
 def gpt_train(n, corpus, out, *args, fault=None, dist_timeout=30):
-    return mpirun(n, "train", *([fault] if fault else []), "--", "--data", str(corpus),
-                  "--out-dir", str(out), *TINY, *args, dist_timeout=dist_timeout)
+    return mpirun(
+        n,
+        "train",
+        *([fault] if fault else []),
+        "--",
+        "--data",
+        str(corpus),
+        "--out-dir",
+        str(out),
+        *TINY,
+        *args,
+        dist_timeout=dist_timeout,
+    )
 
 
 def records(out):
@@ -221,8 +277,9 @@ def test_uneven_batch_is_refused_in_one_line(corpus, tmp_path):
 @needs_mpi
 def test_a_rank_that_raises_stops_all_with_one_line(corpus, tmp_path):
     t0 = time.time()
-    p = gpt_train(2, corpus, tmp_path / "o", "--max-iters", "1000", "--eval-interval", "500",
-                  fault="raise")
+    p = gpt_train(
+        2, corpus, tmp_path / "o", "--max-iters", "1000", "--eval-interval", "500", fault="raise"
+    )
     assert p.returncode == 1, p.stderr
     assert time.time() - t0 < 60
     err = [ln for ln in p.stderr.replace("\r", "\n").splitlines() if "error:" in ln]
@@ -232,8 +289,9 @@ def test_a_rank_that_raises_stops_all_with_one_line(corpus, tmp_path):
 @needs_mpi
 def test_a_killed_rank_stops_the_run(corpus, tmp_path):
     t0 = time.time()
-    p = gpt_train(2, corpus, tmp_path / "o", "--max-iters", "100000", "--eval-interval", "500",
-                  fault="kill")
+    p = gpt_train(
+        2, corpus, tmp_path / "o", "--max-iters", "100000", "--eval-interval", "500", fault="kill"
+    )
     assert p.returncode != 0
     assert time.time() - t0 < 60, "the surviving rank did not stop"
     out = p.stdout + p.stderr
@@ -243,8 +301,17 @@ def test_a_killed_rank_stops_the_run(corpus, tmp_path):
 @needs_mpi
 def test_a_hung_rank_stops_the_run_after_the_timeout(corpus, tmp_path):
     t0 = time.time()
-    p = gpt_train(2, corpus, tmp_path / "o", "--max-iters", "1000", "--eval-interval", "500",
-                  fault="hang", dist_timeout=3)
+    p = gpt_train(
+        2,
+        corpus,
+        tmp_path / "o",
+        "--max-iters",
+        "1000",
+        "--eval-interval",
+        "500",
+        fault="hang",
+        dist_timeout=3,
+    )
     assert p.returncode == 1, p.stderr
     assert time.time() - t0 < 60
     assert "rank 0: all-reduce" in p.stderr and "waited more than 3 s" in p.stderr, p.stderr
@@ -253,11 +320,28 @@ def test_a_hung_rank_stops_the_run_after_the_timeout(corpus, tmp_path):
 @needs_mpi
 def test_sigterm_on_one_rank_saves_once_and_stops_all(corpus, tmp_path):
     out, pids = tmp_path / "sig", tmp_path / "pid"
-    cmd = [*MPIEXEC, "-n", "2", sys.executable, WORKER, "train", f"pidfile={pids}", "--",
-           "--data", str(corpus), "--out-dir", str(out), *TINY, "--max-iters", "100000",
-           "--eval-interval", "20"]
-    proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        *MPIEXEC,
+        "-n",
+        "2",
+        sys.executable,
+        WORKER,
+        "train",
+        f"pidfile={pids}",
+        "--",
+        "--data",
+        str(corpus),
+        "--out-dir",
+        str(out),
+        *TINY,
+        "--max-iters",
+        "100000",
+        "--eval-interval",
+        "20",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None and not (out / "ckpt.json").exists():

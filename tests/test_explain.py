@@ -48,12 +48,27 @@ def test_tokens_and_pairs(report, tok):
 def test_stage_shapes_have_named_axes(report):
     d = report["dims"]
     B, T, C, nh, hs, V = (d[k] for k in ("B", "T", "C", "nh", "hs", "V"))
-    want = {"tok_emb": (B, T, C), "pos_emb": (1, T, C), "h0.ln_1": (B, T, C),
-            "h0.qkv": (B, T, 3 * C), "h0.q": (B, T, C), "h0.k_heads": (B, nh, T, hs),
-            "h0.scores": (B, nh, T, T), "h0.masked": (B, nh, T, T), "h0.att": (B, nh, T, T),
-            "h0.att_out": (B, nh, T, hs), "h0.merged": (B, T, C), "h0.attn_proj": (B, T, C),
-            "h0.resid_1": (B, T, C), "h0.fc": (B, T, 4 * C), "h0.gelu": (B, T, 4 * C),
-            "h0.resid_2": (B, T, C), "ln_f": (B, T, C), "logits": (B, T, V), "probs": (B, T, V)}
+    want = {
+        "tok_emb": (B, T, C),
+        "pos_emb": (1, T, C),
+        "h0.ln_1": (B, T, C),
+        "h0.qkv": (B, T, 3 * C),
+        "h0.q": (B, T, C),
+        "h0.k_heads": (B, nh, T, hs),
+        "h0.scores": (B, nh, T, T),
+        "h0.masked": (B, nh, T, T),
+        "h0.att": (B, nh, T, T),
+        "h0.att_out": (B, nh, T, hs),
+        "h0.merged": (B, T, C),
+        "h0.attn_proj": (B, T, C),
+        "h0.resid_1": (B, T, C),
+        "h0.fc": (B, T, 4 * C),
+        "h0.gelu": (B, T, 4 * C),
+        "h0.resid_2": (B, T, C),
+        "ln_f": (B, T, C),
+        "logits": (B, T, V),
+        "probs": (B, T, V),
+    }
     for key, shape in want.items():
         st = stage(report, key)
         assert tuple(st["shape"]) == shape, key
@@ -70,8 +85,9 @@ def test_stage_values_are_the_real_tensors(report, tok):
     ids, t = report["tokens"]["ids"], report["shown"]["position"]
     wte, wpe = model.transformer.wte.weight.numpy(), model.transformer.wpe.weight.numpy()
     np.testing.assert_allclose(stage(report, "tok_emb")["values"], wte[ids[t], :4], rtol=1e-6)
-    np.testing.assert_allclose(stage(report, "x")["values"], wte[ids[t], :4] + wpe[t, :4],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        stage(report, "x")["values"], wte[ids[t], :4] + wpe[t, :4], rtol=1e-5
+    )
 
 
 def test_attention_rows_sum_to_one_and_the_future_is_exactly_zero(report):
@@ -124,8 +140,16 @@ def adamw_new(w, g, lr, wd, b1, b2, eps, t):
 def test_wq_element_follows_the_adamw_formula(report):
     e = report["adamw"]["element"]
     assert e["matrix"] == "W_Q" and e["step"] == 1 and not e["skipped"]
-    new = adamw_new(e["weight"], e["grad"], e["lr"], e["weight_decay"], e["beta1"], e["beta2"],
-                    e["eps"], e["step"])
+    new = adamw_new(
+        e["weight"],
+        e["grad"],
+        e["lr"],
+        e["weight_decay"],
+        e["beta1"],
+        e["beta2"],
+        e["eps"],
+        e["step"],
+    )
     assert e["new_weight"] == pytest.approx(new, abs=1e-9)  # float32 optimizer vs float64
     assert e["formula_new"] == pytest.approx(new, abs=1e-10)  # m, v: the float32 moments
     assert e["m"] == pytest.approx((1 - e["beta1"]) * e["grad"], rel=1e-6)
@@ -143,8 +167,11 @@ def test_wq_element_from_the_printed_text(report):
     def num(label):
         return float(re.search(rf"^  {re.escape(label)}\s+= ([-+0-9.e]+)", text, re.M).group(1))
 
-    hyper = re.search(r"lr = ([\d.e-]+), β1 = ([\d.]+), β2 = ([\d.]+), ε = ([\d.e-]+), "
-                      r"weight decay λ = ([\d.]+), step t = (\d+)", text)
+    hyper = re.search(
+        r"lr = ([\d.e-]+), β1 = ([\d.]+), β2 = ([\d.]+), ε = ([\d.e-]+), "
+        r"weight decay λ = ([\d.]+), step t = (\d+)",
+        text,
+    )
     lr, b1, b2, eps, wd, t = (float(x) for x in hyper.groups())
     new = adamw_new(num("w"), num("g = ∂L/∂w"), lr, wd, b1, b2, eps, int(t))
     printed = float(re.search(r"new w = .* = ([-+0-9.]+)", text).group(1))
@@ -263,12 +290,37 @@ def test_html_is_one_self_contained_page(report):
 def test_cli_text(capsys):
     assert main(["--prompt", PROMPT, "--format", "text"]) == 0
     out = capsys.readouterr().out
-    for name in ("token embedding", "position embedding", "embedding sum", "ln_1", "c_attn",
-                 "q heads", "scores", "masked scores", "attention weights", "attention output",
-                 "merged heads", "c_proj (W_O)", "residual 1", "ln_2", "MLP c_fc", "GELU",
-                 "MLP c_proj", "residual 2", "block 1 (summary)", "ln_f", "logits",
-                 "probabilities", "next token", "loss", "W_Q", "W_K", "W_V", "AdamW",
-                 "new w ="):
+    for name in (
+        "token embedding",
+        "position embedding",
+        "embedding sum",
+        "ln_1",
+        "c_attn",
+        "q heads",
+        "scores",
+        "masked scores",
+        "attention weights",
+        "attention output",
+        "merged heads",
+        "c_proj (W_O)",
+        "residual 1",
+        "ln_2",
+        "MLP c_fc",
+        "GELU",
+        "MLP c_proj",
+        "residual 2",
+        "block 1 (summary)",
+        "ln_f",
+        "logits",
+        "probabilities",
+        "next token",
+        "loss",
+        "W_Q",
+        "W_K",
+        "W_V",
+        "AdamW",
+        "new w =",
+    ):
         assert name in out, name
     assert "all exactly 0" in out
 
@@ -291,13 +343,24 @@ def test_init_from_a_gpt2_directory(tmp_path, tok, capsys):
 
     model = tiny(tok)
     conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    weights = {k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
-               for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    weights = {
+        k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
     save_file(weights, tmp_path / "model.safetensors")
     c = model.config
-    (tmp_path / "config.json").write_text(json.dumps(dict(
-        n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.block_size,
-        vocab_size=c.vocab_size)))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            dict(
+                n_layer=c.n_layer,
+                n_head=c.n_head,
+                n_embd=c.n_embd,
+                n_positions=c.block_size,
+                vocab_size=c.vocab_size,
+            )
+        )
+    )
     tok.save(tmp_path)
     assert main(["--init-from", str(tmp_path), "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -310,13 +373,17 @@ def test_out_dir_of_a_training_run(tmp_path, tok, capsys):
     from gpt import run_checkpoint
 
     model = tiny(tok)
-    run_checkpoint.save(tmp_path, {"iter": 0, "model_config": model.config.to_dict(),
-                                   "tokenizer": tok.to_dict()}, model)
+    run_checkpoint.save(
+        tmp_path,
+        {"iter": 0, "model_config": model.config.to_dict(), "tokenizer": tok.to_dict()},
+        model,
+    )
     assert main(["--out-dir", str(tmp_path), "--which", "latest", "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["source"].startswith("trained run")
-    assert r["loss"]["value"] == pytest.approx(explain(tiny(tok), tok, PROMPT)["loss"]["value"],
-                                               rel=1e-6)
+    assert r["loss"]["value"] == pytest.approx(
+        explain(tiny(tok), tok, PROMPT)["loss"]["value"], rel=1e-6
+    )
 
 
 def _browser():
@@ -331,17 +398,29 @@ def _browser():
 def test_html_renders_in_headless_chromium(tmp_path, report):
     page = tmp_path / "explain.html"
     page.write_text(render_html(report), encoding="utf-8")
-    flags = [_browser(), "--headless", "--no-sandbox", "--disable-gpu",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    flags = [
+        _browser(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     shot = tmp_path / "x.png"
-    run = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1200,900",
-                          page.as_uri()], capture_output=True, timeout=60)
+    run = subprocess.run(
+        [*flags, f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+        capture_output=True,
+        timeout=60,
+    )
     assert shot.exists(), run.stderr.decode(errors="replace")[-2000:]
     png = shot.read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000  # a blank page is a few kB
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert (width, height) == (1200, 900)
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True,
-                         timeout=60).stdout.decode()
+    dom = subprocess.run(
+        [*flags, "--dump-dom", page.as_uri()], capture_output=True, timeout=60
+    ).stdout.decode()
     assert dom.count('class="heatmap"') == 6 and "One training step" in dom

@@ -58,7 +58,7 @@ def test_a_wrong_gradient_is_flagged(tok):
     _, loss = model(idx, targets)
     loss.backward()
     w = model.transformer.h[0].attn.c_attn.weight
-    w.grad.data[2 * 16:] *= 1.1  # W_V's gradient 10% too large
+    w.grad.data[2 * 16 :] *= 1.1  # W_V's gradient 10% too large
     rows = finite_differences(model, float64_copy(model), idx, targets, 0, 0, n=2)
     verdict = {e["label"]: e["agree"] for e in rows}
     assert verdict["W_V"] is False and verdict["W_Q"] and verdict["E (wte)"]
@@ -97,16 +97,19 @@ def test_the_embedding_split_sums_to_the_total(report, tok):
     # logits part and E's gradient the lookup part
     model = tiny(tok, tie_weights=False)
     tied = tiny(tok)
-    model.load_state_dict({**tied.state_dict(),
-                           "lm_head.weight": tied.transformer.wte.weight.numpy().copy()})
+    model.load_state_dict(
+        {**tied.state_dict(), "lm_head.weight": tied.transformer.wte.weight.numpy().copy()}
+    )
     idx, targets = batch(tok)
     model.eval()
     _, loss = model(idx, targets)
     loss.backward()
-    assert es["logits_norm"] == pytest.approx(np.linalg.norm(model.lm_head.weight.grad.numpy()),
-                                              rel=1e-5)
+    assert es["logits_norm"] == pytest.approx(
+        np.linalg.norm(model.lm_head.weight.grad.numpy()), rel=1e-5
+    )
     assert es["lookup_norm"] == pytest.approx(
-        np.linalg.norm(model.transformer.wte.weight.grad.numpy()), rel=1e-5)
+        np.linalg.norm(model.transformer.wte.weight.grad.numpy()), rel=1e-5
+    )
 
 
 def test_untied_model_has_no_split(tok):
@@ -119,7 +122,7 @@ def zeroed_head_loss(model, idx, targets, layer, head):
     proj = model.transformer.h[layer].attn.c_proj
     hs = model.config.n_embd // model.config.n_head
     keep = np.ones(model.config.n_embd, np.float32)
-    keep[head * hs:(head + 1) * hs] = 0
+    keep[head * hs : (head + 1) * hs] = 0
     original = proj.forward
     proj.forward = lambda y: original(y * tg.Tensor(keep))
     try:
@@ -195,8 +198,7 @@ def test_followed_weights_and_a_carried_optimizer(tok):
         assert b["m"] == pytest.approx(0.9 * a["m"] + 0.1 * b["grad"], rel=1e-5)
         assert b["update"] == pytest.approx(b["new_value"] - b["value"])
     e = r2["adamw"]["element"]
-    assert e["step"] == 2 and e["m"] == pytest.approx(0.9 * e["m_prev"] + 0.1 * e["grad"],
-                                                      rel=1e-5)
+    assert e["step"] == 2 and e["m"] == pytest.approx(0.9 * e["m_prev"] + 0.1 * e["grad"], rel=1e-5)
     assert e["formula_new"] == pytest.approx(e["new_weight"], abs=1e-9)
     assert r2["loss"]["value"] < r1["loss"]["value"]
     with pytest.raises(ValueError, match="not a matrix element"):

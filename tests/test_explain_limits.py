@@ -24,8 +24,10 @@ def test_a_5000_character_prompt_gives_a_small_output(fmt, tmp_path, capsys):
 
 
 def test_max_tokens_and_its_limit(capsys):
-    assert main(["--prompt", LONG, "--tokenizer", "char", "--format", "json",
-                 "--max-tokens", "10"]) == 0
+    assert (
+        main(["--prompt", LONG, "--tokenizer", "char", "--format", "json", "--max-tokens", "10"])
+        == 0
+    )
     assert len(json.loads(capsys.readouterr().out)["tokens"]["ids"]) == 10
     with pytest.raises(SystemExit) as e:
         main(["--max-tokens", "100000"])
@@ -48,8 +50,13 @@ def test_every_block_maps_are_bounded(monkeypatch):
     monkeypatch.setattr(ex, "MAX_MAP_CELLS", 2 * 25)  # room for one block of 2 heads, T = 5
     prompt = "The capital of France is Paris"
     tok = prompt_tokenizer(prompt)
-    r = explain(GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size)), tok, prompt,
-                checks=0, lens=False)
+    r = explain(
+        GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size)),
+        tok,
+        prompt,
+        checks=0,
+        lens=False,
+    )
     assert len(r["attention_all"]) == 1 and any("blocks 0..0 of 2" in n for n in r["notes"])
 
 

@@ -95,22 +95,40 @@ def _values(dom, pattern):
     return [float(v) for v in re.findall(pattern, dom)]
 
 
-@pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"no headless Chromium at {CHROMIUM} "
-                    "(apt-get install chromium) to drive the served page")
+@pytest.mark.skipif(
+    not shutil.which(CHROMIUM),
+    reason=f"no headless Chromium at {CHROMIUM} "
+    "(apt-get install chromium) to drive the served page",
+)
 def test_the_page_in_headless_chromium(server, tok, tmp_path):
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-             "--virtual-time-budget=30000"]
-    run = subprocess.run([*flags, "--dump-dom", f"{server}/?autostep=2"], capture_output=True,
-                         timeout=120, check=False)
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=30000",
+    ]
+    run = subprocess.run(
+        [*flags, "--dump-dom", f"{server}/?autostep=2"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     dom = re.sub(r"<script>.*?</script>", "", run.stdout.decode(), flags=re.DOTALL)  # the markup
     assert 'data-ready="1"' in dom, run.stderr.decode(errors="replace")[-2000:]
     assert re.search(r'id="stepnum" data-value="2"', dom)
     # the numbers on the page are the report's: the loss of each step ...
     want = follow_steps(tiny(tok), tok, PROMPT, 2)
-    assert _values(dom, r'<tr class="hist" data-step="\d+"><td>\d+</td><td><span '
-                   r'data-value="([^"]+)"') == [s["loss"] for s in want["steps"]]
+    assert _values(
+        dom,
+        r'<tr class="hist" data-step="\d+"><td>\d+</td><td><span '
+        r'data-value="([^"]+)"',
+    ) == [s["loss"] for s in want["steps"]]
     loss = _values(dom, r'id="loss" data-value="([^"]+)"')
     assert loss == [want["steps"][1]["loss"]]
     # ... and of step 2's report: attention, ablation, finite differences
@@ -124,8 +142,9 @@ def test_the_page_in_headless_chromium(server, tok, tmp_path):
     abl = _values(dom, r'class="abl" data-layer="\d" data-head="\d" data-value="([^"]+)"')
     assert abl == [d for row in r["ablation"]["delta"] for d in row]
     fd = re.findall(r'<tr class="fd">.*?data-value="([^"]+)".*?data-value="([^"]+)"', dom)
-    assert [(float(g), float(f)) for g, f in fd] == [(e["grad"], e["fd"])
-                                                     for e in r["finite_differences"]]
+    assert [(float(g), float(f)) for g, f in fd] == [
+        (e["grad"], e["fd"]) for e in r["finite_differences"]
+    ]
     assert "DISAGREE" not in dom
 
 
@@ -134,8 +153,13 @@ def test_the_command_prints_its_address_and_serves(tmp_path):
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-m", "gpt.explain", "--serve"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpt.explain", "--serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)

@@ -69,10 +69,12 @@ def test_a_session_stepped_by_hand_gives_the_same_numbers(trace, tok):
 
 
 def test_followed_weight_by_name(tok):
-    t = follow_steps(tiny(tok), tok, PROMPT, 2, layer=1,
-                     follow=[("fc", "transformer.h.1.mlp.c_fc.weight", 3, 5)])
-    assert t["followed"] == [{"label": "fc", "param": "transformer.h.1.mlp.c_fc.weight",
-                              "index": [3, 5]}]
+    t = follow_steps(
+        tiny(tok), tok, PROMPT, 2, layer=1, follow=[("fc", "transformer.h.1.mlp.c_fc.weight", 3, 5)]
+    )
+    assert t["followed"] == [
+        {"label": "fc", "param": "transformer.h.1.mlp.c_fc.weight", "index": [3, 5]}
+    ]
     with pytest.raises(ValueError, match="steps must be in 1..1000"):
         follow_steps(tiny(tok), tok, PROMPT, 1001)
 
@@ -119,11 +121,17 @@ def test_steps_on_a_training_run(tmp_path, tok, capsys):
     from gpt import run_checkpoint
 
     model = tiny(tok)
-    run_checkpoint.save(tmp_path, {"iter": 0, "model_config": model.config.to_dict(),
-                                   "tokenizer": tok.to_dict()}, model)
-    assert main(["--out-dir", str(tmp_path), "--which", "latest", "--steps", "2",
-                 "--format", "json"]) == 0
+    run_checkpoint.save(
+        tmp_path,
+        {"iter": 0, "model_config": model.config.to_dict(), "tokenizer": tok.to_dict()},
+        model,
+    )
+    assert (
+        main(["--out-dir", str(tmp_path), "--which", "latest", "--steps", "2", "--format", "json"])
+        == 0
+    )
     t = json.loads(capsys.readouterr().out)
     assert t["source"].startswith("trained run")
     assert [s["loss"] for s in t["steps"]] == [
-        s["loss"] for s in follow_steps(tiny(tok), tok, PROMPT, 2)["steps"]]
+        s["loss"] for s in follow_steps(tiny(tok), tok, PROMPT, 2)["steps"]
+    ]

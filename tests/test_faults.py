@@ -69,9 +69,16 @@ def cli(*args, timeout=60, env=None):
         resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
 
     e = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", *args], env=e, cwd=ROOT, capture_output=True,
-                          check=False,
-                          text=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        env=e,
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +107,26 @@ def write_ckpt(d, ckpt) -> None:
 def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(corpus, tmp_path, capsys):
     out = tmp_path / "busy"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpt.train", "--data", str(corpus), "--out-dir", str(out), *TINY,
-         "--max-iters", "100000", "--eval-interval", "1"],
-        env=dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1"), cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpt.train",
+            "--data",
+            str(corpus),
+            "--out-dir",
+            str(out),
+            *TINY,
+            "--max-iters",
+            "100000",
+            "--eval-interval",
+            "1",
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not (out / "ckpt.json").exists():
@@ -120,11 +143,15 @@ def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(corpus, tmp_pat
             proc.kill()
     ckpt, weights, optim = rc.load(out)  # the writer's files were not touched by the others
     assert weights and optim is not None
-    assert train.main(["--resume", "--out-dir", str(out), "--max-iters", str(ckpt["iter"] + 1)]) == 0
+    assert (
+        train.main(["--resume", "--out-dir", str(out), "--max-iters", str(ckpt["iter"] + 1)]) == 0
+    )
     err = capsys.readouterr().err
     assert "stale lock" in err and f"PID {proc.pid}" in err
     assert (out / LOCK_FILE).read_text() == ""  # a clean exit leaves no PID behind
-    assert train.main(["--resume", "--out-dir", str(out), "--max-iters", str(ckpt["iter"] + 2)]) == 0
+    assert (
+        train.main(["--resume", "--out-dir", str(out), "--max-iters", str(ckpt["iter"] + 2)]) == 0
+    )
     assert "stale" not in capsys.readouterr().err
 
 
@@ -132,6 +159,7 @@ def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(corpus, tmp_pat
 def _set(path: str, value):
     """A mutation that sets ckpt[path] (dotted, list indices as numbers) to value (or to
     value(ckpt, d) when callable); DELETE removes the key."""
+
     def f(ckpt, d):
         *head, last = path.split(".")
         node = ckpt
@@ -142,6 +170,7 @@ def _set(path: str, value):
         else:
             node[last] = value(ckpt, d) if callable(value) else value
         return ckpt
+
     return f
 
 
@@ -157,6 +186,7 @@ def _symlink(target):
     def f(ckpt, d):
         (d / "model-link.safetensors").symlink_to(target)
         return "model-link.safetensors"
+
     return f
 
 
@@ -210,8 +240,12 @@ CKPT_CASES = {
     "ckpt.json a list": lambda ckpt, d: [ckpt],
 }
 # what gpt-sample does not read, so it still samples
-SAMPLE_OK = {"samplers missing", "train_config max_iters a string", "train_config lr a string",
-             "train_config negative batch"}
+SAMPLE_OK = {
+    "samplers missing",
+    "train_config max_iters a string",
+    "train_config lr a string",
+    "train_config negative batch",
+}
 
 
 @pytest.mark.parametrize("case", sorted(CKPT_CASES))
@@ -224,8 +258,9 @@ def test_tampered_ckpt_json_is_one_line(base_run, tmp_path, capsys, case):
     line = one_line(capsys.readouterr().err)
     assert code == 1, line
     assert (d / "ckpt.json").read_bytes() == before  # nothing was overwritten
-    code = sample.main(["--out-dir", str(d), "--which", "latest", "--max-new-tokens", "2",
-                        "--num-samples", "1"])
+    code = sample.main(
+        ["--out-dir", str(d), "--which", "latest", "--max-new-tokens", "2", "--num-samples", "1"]
+    )
     err = capsys.readouterr().err
     if case in SAMPLE_OK:
         assert code == 0, err
@@ -249,8 +284,10 @@ def test_absurd_model_config_is_refused_fast_in_bounded_memory(base_run, tmp_pat
         ckpt = ckpt_of(d)
         ckpt["model_config"][key] = value
         write_ckpt(d, ckpt)
-        for args in (["gpt.train", "--resume", "--out-dir", str(d)],
-                     ["gpt.sample", "--out-dir", str(d), "--which", "latest"]):
+        for args in (
+            ["gpt.train", "--resume", "--out-dir", str(d)],
+            ["gpt.sample", "--out-dir", str(d), "--which", "latest"],
+        ):
             p = cli(*args, timeout=30)
             assert p.returncode == 1, p.stderr
             one_line(p.stderr, args[0].replace(".", "-"))
@@ -271,10 +308,10 @@ def _flip(path: Path, n=1000):
 
 def _relabel(path: Path):
     raw = path.read_bytes()
-    head = raw[8:_data_start(path)]
+    head = raw[8 : _data_start(path)]
     i = head.index(b'"transformer.wte.weight":{"dtype":"F32"')
     head = head[:i] + head[i:].replace(b"F32", b"I32", 1)
-    path.write_bytes(raw[:8] + head + raw[_data_start(path):])
+    path.write_bytes(raw[:8] + head + raw[_data_start(path) :])
 
 
 def _nan_consistent(d: Path):
@@ -289,8 +326,18 @@ def _nan_consistent(d: Path):
     write_ckpt(d, ckpt)
 
 
-@pytest.mark.parametrize("fault", ["flip 1000 bytes", "wte relabelled I32", "truncated",
-                                   "padded", "NaN weights", "optim flipped", "optim swapped"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "flip 1000 bytes",
+        "wte relabelled I32",
+        "truncated",
+        "padded",
+        "NaN weights",
+        "optim flipped",
+        "optim swapped",
+    ],
+)
 def test_corrupt_weights_are_named_not_trained_on(base_run, tmp_path, capsys, fault):
     d = copy_run(base_run, tmp_path)
     files = ckpt_of(d)["files"]
@@ -313,8 +360,13 @@ def test_corrupt_weights_are_named_not_trained_on(base_run, tmp_path, capsys, fa
     code = train.main(["--resume", "--out-dir", str(d), "--max-iters", "6"])
     line = one_line(capsys.readouterr().err)
     assert code == 1
-    expect = {"flip 1000 bytes": "sha256", "wte relabelled I32": "I32", "NaN weights": "NaN",
-              "optim flipped": "sha256", "optim swapped": "optim"}.get(fault, "safetensors")
+    expect = {
+        "flip 1000 bytes": "sha256",
+        "wte relabelled I32": "I32",
+        "NaN weights": "NaN",
+        "optim flipped": "sha256",
+        "optim swapped": "optim",
+    }.get(fault, "safetensors")
     assert expect in line, line
     assert (d / "ckpt.json").read_bytes() == before  # not trained on, not overwritten
     if not fault.startswith("optim"):
@@ -343,32 +395,62 @@ def hf_dir(corpus, tmp_path):
     d = tmp_path / "gpt2"
     tok = BPETokenizer.train([p.read_text() for p in sorted(corpus.glob("*.txt"))], 270)
     tok.save(d)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2,
-                          n_embd=16))
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16))
     conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # HF stores these as (in, out)
-    arrays = {k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d)
-                                                                    else v)
-              for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    arrays = {
+        k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
     save_file(arrays, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({
-        "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 32,
-        "vocab_size": tok.vocab_size, "layer_norm_epsilon": 1e-5,
-        "activation_function": "gelu_new"}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "n_layer": 1,
+                "n_head": 2,
+                "n_embd": 16,
+                "n_positions": 32,
+                "vocab_size": tok.vocab_size,
+                "layer_norm_epsilon": 1e-5,
+                "activation_function": "gelu_new",
+            }
+        )
+    )
     return d
 
 
 def test_untampered_gpt2_directory_works(hf_dir, corpus, tmp_path, capsys):
-    assert sample.main(["--init-from", str(hf_dir), "--max-new-tokens", "3",
-                        "--num-samples", "1"]) == 0
-    assert train.main(["--init-from", str(hf_dir), "--data", str(corpus), "--out-dir",
-                       str(tmp_path / "ft"), "--max-iters", "1", "--batch-size", "2",
-                       "--eval-iters", "1", "--no-sample"]) == 0, capsys.readouterr().err
+    assert (
+        sample.main(["--init-from", str(hf_dir), "--max-new-tokens", "3", "--num-samples", "1"])
+        == 0
+    )
+    assert (
+        train.main(
+            [
+                "--init-from",
+                str(hf_dir),
+                "--data",
+                str(corpus),
+                "--out-dir",
+                str(tmp_path / "ft"),
+                "--max-iters",
+                "1",
+                "--batch-size",
+                "2",
+                "--eval-iters",
+                "1",
+                "--no-sample",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
 
 
 def _hf_edit(name, fn):
     def f(d):
         p = d / name
         p.write_text(fn(p.read_text()))
+
     return f
 
 
@@ -387,10 +469,12 @@ HF_CASES = {
     "vocab_size larger than wte": _hf_cfg(vocab_size=400),
     "vocab_size smaller than the tokenizer": _hf_cfg(vocab_size=260),
     "vocab.json ids as strings": _hf_edit(
-        "vocab.json", lambda t: json.dumps({k: str(v) for k, v in json.loads(t).items()})),
+        "vocab.json", lambda t: json.dumps({k: str(v) for k, v in json.loads(t).items()})
+    ),
     "vocab.json a list": _hf_edit("vocab.json", lambda t: "[1]"),
     "vocab.json huge id": _hf_edit(
-        "vocab.json", lambda t: json.dumps({**json.loads(t), "x": 10**12})),
+        "vocab.json", lambda t: json.dumps({**json.loads(t), "x": 10**12})
+    ),
     "merges.txt bad line": _hf_edit("merges.txt", lambda t: t + "a b c\n"),
     "wte relabelled I32": lambda d: _relabel_hf(d / "model.safetensors"),
     "config.json a FIFO": lambda d: ((d / "config.json").unlink(), os.mkfifo(d / "config.json")),
@@ -409,15 +493,30 @@ def test_tampered_gpt2_directory(hf_dir, corpus, tmp_path, capsys, case):
     from gpt.model import GPT
 
     HF_CASES[case](hf_dir)
-    if case not in ("vocab.json ids as strings", "vocab.json a list", "vocab.json huge id",
-                    "merges.txt bad line"):
+    if case not in (
+        "vocab.json ids as strings",
+        "vocab.json a list",
+        "vocab.json huge id",
+        "merges.txt bad line",
+    ):
         with pytest.raises(CheckpointError):
             GPT.from_pretrained(hf_dir)
     code = sample.main(["--init-from", str(hf_dir), "--max-new-tokens", "2"])
     assert code == 1, capsys.readouterr().err
     one_line(capsys.readouterr().err, "gpt-sample")
-    code = train.main(["--init-from", str(hf_dir), "--data", str(corpus), "--out-dir",
-                       str(tmp_path / "ft"), "--max-iters", "1", "--no-sample"])
+    code = train.main(
+        [
+            "--init-from",
+            str(hf_dir),
+            "--data",
+            str(corpus),
+            "--out-dir",
+            str(tmp_path / "ft"),
+            "--max-iters",
+            "1",
+            "--no-sample",
+        ]
+    )
     assert code in (1, 2)
     one_line(capsys.readouterr().err)
     assert not (tmp_path / "ft" / "ckpt.json").exists()
@@ -446,13 +545,23 @@ def _advice_argv(line: str) -> list[str]:
 
 @pytest.mark.parametrize("call,where", [(6, "eval"), (5, "step")])
 def test_divergence_stops_keeps_the_sane_checkpoint_and_advice_works(
-        corpus, tmp_path, monkeypatch, capsys, call, where):
+    corpus, tmp_path, monkeypatch, capsys, call, where
+):
     """Weights blown up during step call-1: caught by the next step's loss, or by the
     evaluation that follows (iteration 6) before its checkpoint is written."""
     out = tmp_path / "div"
     real = _blow_up_at(monkeypatch, call)
-    code, _, err = run(corpus, out, "--max-iters", "8", "--eval-interval", "2",
-                       "--lr-decay-iters", "8", capsys=capsys)
+    code, _, err = run(
+        corpus,
+        out,
+        "--max-iters",
+        "8",
+        "--eval-interval",
+        "2",
+        "--lr-decay-iters",
+        "8",
+        capsys=capsys,
+    )
     line = error_line(err)
     assert code == 1 and "diverged" in line, line
     assert ("validation loss" in line) == (where == "eval")
@@ -466,8 +575,21 @@ def test_divergence_stops_keeps_the_sane_checkpoint_and_advice_works(
 
 
 def test_natural_divergence_with_a_huge_lr(corpus, tmp_path, capsys):
-    code, _, err = run(corpus, tmp_path / "hot", "--lr", "100", "--min-lr", "0", "--grad-clip",
-                       "0", "--warmup-iters", "0", "--max-iters", "50", capsys=capsys)
+    code, _, err = run(
+        corpus,
+        tmp_path / "hot",
+        "--lr",
+        "100",
+        "--min-lr",
+        "0",
+        "--grad-clip",
+        "0",
+        "--warmup-iters",
+        "0",
+        "--max-iters",
+        "50",
+        capsys=capsys,
+    )
     line = error_line(err)
     assert code == 1 and ("diverged" in line or "non-finite" in line), err
     assert "--lr 50" in line
@@ -475,8 +597,16 @@ def test_natural_divergence_with_a_huge_lr(corpus, tmp_path, capsys):
 
 def test_divergence_factor_zero_turns_the_guard_off(corpus, tmp_path, monkeypatch):
     _blow_up_at(monkeypatch, 4, factor=1e2)
-    code = run(corpus, tmp_path / "off", "--max-iters", "4", "--eval-interval", "2",
-               "--divergence-factor", "0")[0]
+    code = run(
+        corpus,
+        tmp_path / "off",
+        "--max-iters",
+        "4",
+        "--eval-interval",
+        "2",
+        "--divergence-factor",
+        "0",
+    )[0]
     assert code in (0, 1)  # goes on until a NaN, if any
 
 
@@ -519,8 +649,9 @@ def _signal_on_val_batch(monkeypatch, n: int, sig=signal.SIGTERM):
 
 
 @pytest.mark.parametrize("n,saved", [(3, 2), (4, 3), (5, 4)])
-def test_signal_during_evaluation_then_resume_is_exact(corpus, full6, tmp_path, monkeypatch,
-                                                       capsys, n, saved):
+def test_signal_during_evaluation_then_resume_is_exact(
+    corpus, full6, tmp_path, monkeypatch, capsys, n, saved
+):
     """eval_iters 2: val batches 3-4 are the evaluation at iter 2, 5-6 the one at iter 4. A
     signal before the last batch interrupts the evaluation (saved unevaluated, redone on
     resume); one during the last batch lets it finish, and the next step, as usual."""
@@ -535,8 +666,9 @@ def test_signal_during_evaluation_then_resume_is_exact(corpus, full6, tmp_path, 
     assert_same_run(full6, out)
 
 
-def test_signal_between_steps_on_an_eval_iteration_is_exact(corpus, full6, tmp_path,
-                                                            monkeypatch, capsys):
+def test_signal_between_steps_on_an_eval_iteration_is_exact(
+    corpus, full6, tmp_path, monkeypatch, capsys
+):
     """A signal during step 1 saves at iter 2 before its evaluation; the resume does it."""
     calls, real = [], train.clip_grad_norm_
 
@@ -558,8 +690,10 @@ def test_signal_between_steps_on_an_eval_iteration_is_exact(corpus, full6, tmp_p
 def test_split_off_the_eval_grid_keeps_later_val_losses(corpus, full6, tmp_path):
     """3 + 3 resumed (eval every 2): the extra evaluation at 3 does not shift 4 and 6."""
     out = tmp_path / "off"
-    assert run(corpus, out, "--max-iters", "3", "--eval-interval", "2",
-               "--lr-decay-iters", "6")[0] == 0
+    assert (
+        run(corpus, out, "--max-iters", "3", "--eval-interval", "2", "--lr-decay-iters", "6")[0]
+        == 0
+    )
     assert 3 in val_losses(out)
     assert train.main(["--resume", "--out-dir", str(out), "--max-iters", "6"]) == 0
     va, vb = val_losses(full6), val_losses(out)
@@ -570,6 +704,7 @@ def test_split_off_the_eval_grid_keeps_later_val_losses(corpus, full6, tmp_path)
 
 def test_signal_before_the_loop_exits_at_once(corpus, tmp_path, monkeypatch, capsys):
     """A run stuck before training (reading data) stops on the first SIGTERM."""
+
     def stuck(*a, **k):
         signal.raise_signal(signal.SIGTERM)
         raise AssertionError("the signal did not stop the run")
@@ -615,8 +750,17 @@ def _bad_inputs(corpus, tmp):
 
 def test_bad_cli_inputs_one_line(corpus, tmp_path, capsys):
     for name, (want, args, word) in _bad_inputs(corpus, tmp_path).items():
-        argv = ["--data", str(corpus), "--out-dir", str(tmp_path / "o"), *TINY[:-1], *args,
-                "--max-iters", "1", "--no-sample"]
+        argv = [
+            "--data",
+            str(corpus),
+            "--out-dir",
+            str(tmp_path / "o"),
+            *TINY[:-1],
+            *args,
+            "--max-iters",
+            "1",
+            "--no-sample",
+        ]
         code = train.main(argv)
         line = one_line(capsys.readouterr().err)
         assert code == want and word in line, (name, line)
@@ -629,8 +773,18 @@ def test_worst_cli_inputs_in_a_subprocess(corpus, tmp_path):
     cases = _bad_inputs(corpus, tmp_path)
     for name in ("--block-size 100000", "--n-embd 65536", "--data /dev/zero", "--data FIFO"):
         want, args, word = cases[name]
-        p = cli("gpt.train", "--data", str(corpus), "--out-dir", str(tmp_path / "o"), *args,
-                "--max-iters", "1", timeout=30, env={"GPT_CACHE_DIR": str(tmp_path / "c")})
+        p = cli(
+            "gpt.train",
+            "--data",
+            str(corpus),
+            "--out-dir",
+            str(tmp_path / "o"),
+            *args,
+            "--max-iters",
+            "1",
+            timeout=30,
+            env={"GPT_CACHE_DIR": str(tmp_path / "c")},
+        )
         assert p.returncode == want, (name, p.stderr)
         assert word in one_line(p.stderr), name
 
@@ -653,9 +807,18 @@ def test_expected_shapes_match_the_model():
     from gpt.config import GPTConfig
     from gpt.model import GPT
 
-    for c in (GPTConfig.from_preset("tiny"),
-              GPTConfig(block_size=8, vocab_size=50, n_layer=2, n_head=4, n_embd=32,
-                        bias=False, tie_weights=False)):
+    for c in (
+        GPTConfig.from_preset("tiny"),
+        GPTConfig(
+            block_size=8,
+            vocab_size=50,
+            n_layer=2,
+            n_head=4,
+            n_embd=32,
+            bias=False,
+            tie_weights=False,
+        ),
+    ):
         state = {k: tuple(v.shape) for k, v in GPT(c).state_dict().items()}
         if c.tie_weights:
             state.pop("lm_head.weight")

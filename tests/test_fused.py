@@ -91,38 +91,60 @@ def attention_composed(q, k, v, mask=None):
 # ----------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("twins", [(F.softmax, softmax_composed),
-                                   (F.log_softmax, log_softmax_composed)],
-                         ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize(
+    "twins",
+    [(F.softmax, softmax_composed), (F.log_softmax, log_softmax_composed)],
+    ids=["softmax", "log_softmax"],
+)
 @given(data=st.data(), sdk=shape_dim_keepdim(allow_none=False, allow_tuple=False))
 def test_softmax_twins(twins, data, sdk):
     shape, dim, _ = sdk
     x = data.draw(arrays(shape, lo=-5.0, hi=5.0))
     fused, composed = twins
-    check_twins(lambda t: fused(t, dim=dim), lambda t: composed(t, dim), x,
-                name=f"{fused.__name__}(dim={dim})")
+    check_twins(
+        lambda t: fused(t, dim=dim),
+        lambda t: composed(t, dim),
+        x,
+        name=f"{fused.__name__}(dim={dim})",
+    )
 
 
-@pytest.mark.parametrize("twins", [(F.softmax, softmax_composed),
-                                   (F.log_softmax, log_softmax_composed)],
-                         ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize(
+    "twins",
+    [(F.softmax, softmax_composed), (F.log_softmax, log_softmax_composed)],
+    ids=["softmax", "log_softmax"],
+)
 def test_softmax_twins_large_magnitudes(twins):
     x = np.array([[1e4, -1e4, 3.0, 1e4 - 0.5], [-1e4, -1e4 + 1.0, -1e4 - 2.0, -1e4]])
-    check_twins(lambda t: twins[0](t, -1), lambda t: twins[1](t, -1), x, atol=1e-9,
-                name=f"{twins[0].__name__} at ±1e4")
+    check_twins(
+        lambda t: twins[0](t, -1),
+        lambda t: twins[1](t, -1),
+        x,
+        atol=1e-9,
+        name=f"{twins[0].__name__} at ±1e4",
+    )
 
 
 @pytest.mark.parametrize("affine", [False, True])
-@given(data=st.data(), lead=shapes(min_dims=0, max_dims=2), norm=shapes(min_dims=1, max_dims=2,
-                                                                         min_side=2))
+@given(
+    data=st.data(),
+    lead=shapes(min_dims=0, max_dims=2),
+    norm=shapes(min_dims=1, max_dims=2, min_side=2),
+)
 def test_layer_norm_twins(affine, data, lead, norm):
     x = data.draw(arrays(lead + norm, lo=-3.0, hi=3.0))
     x = x + np.arange(x.size).reshape(x.shape) * 0.1  # keep the variance away from 0
     wb = [rs.standard_normal(norm), rs.standard_normal(norm)] if affine else []
     nd = len(norm)
-    check_twins(lambda t, *p: F.layer_norm(t, norm, *p),
-                lambda t, *p: layer_norm_composed(t, nd, *p), x, *wb, atol=1e-9, rtol=1e-7,
-                name=f"layer_norm(normalized_shape={norm}, affine={affine})")
+    check_twins(
+        lambda t, *p: F.layer_norm(t, norm, *p),
+        lambda t, *p: layer_norm_composed(t, nd, *p),
+        x,
+        *wb,
+        atol=1e-9,
+        rtol=1e-7,
+        name=f"layer_norm(normalized_shape={norm}, affine={affine})",
+    )
 
 
 @given(data=st.data(), shape=shapes())
@@ -139,9 +161,12 @@ def test_cross_entropy_twins(reduction, lshape, tshape, ignore):
     t = rs.integers(0, lshape[1], tshape)
     if ignore:
         t.reshape(-1)[1::3] = -100
-    check_twins(lambda a: F.cross_entropy(a, t, reduction=reduction),
-                lambda a: cross_entropy_composed(a, t, reduction=reduction), x,
-                name=f"cross_entropy {reduction} ignore={ignore}")
+    check_twins(
+        lambda a: F.cross_entropy(a, t, reduction=reduction),
+        lambda a: cross_entropy_composed(a, t, reduction=reduction),
+        x,
+        name=f"cross_entropy {reduction} ignore={ignore}",
+    )
 
 
 def _qkv(B, nh, T, hs):
@@ -150,16 +175,23 @@ def _qkv(B, nh, T, hs):
 
 @pytest.mark.parametrize("B,nh,T,hs", [(1, 1, 1, 2), (2, 2, 3, 2), (1, 2, 4, 3)])
 def test_attention_twins_no_mask(B, nh, T, hs):
-    check_twins(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), attention_composed,
-                *_qkv(B, nh, T, hs), name="sdpa, no mask")
+    check_twins(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        attention_composed,
+        *_qkv(B, nh, T, hs),
+        name="sdpa, no mask",
+    )
 
 
 @pytest.mark.parametrize("B,nh,T,hs", [(1, 1, 1, 2), (2, 2, 3, 2), (1, 2, 4, 3)])
 def test_attention_twins_causal(B, nh, T, hs):
     bias = tg.tril(tg.ones(T, T)).view(1, 1, T, T)  # nanoGPT's registered buffer
-    check_twins(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                lambda q, k, v: attention_composed(q, k, v, bias[:, :, :T, :T]),
-                *_qkv(B, nh, T, hs), name="sdpa, causal")
+    check_twins(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda q, k, v: attention_composed(q, k, v, bias[:, :, :T, :T]),
+        *_qkv(B, nh, T, hs),
+        name="sdpa, causal",
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -169,17 +201,21 @@ def test_attention_twins_padding_mask(causal):
     keep = np.arange(T)[None, :] < lengths[:, None]  # (B, T): key j is real
     mask = keep[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
     comp = mask & np.tril(np.ones((T, T), bool)) if causal else mask
-    check_twins(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                               is_causal=causal),
-                lambda q, k, v: attention_composed(q, k, v, tg.tensor(comp.astype(np.float64))),
-                *_qkv(B, nh, T, hs), name=f"sdpa, padding mask, causal={causal}")
+    check_twins(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal),
+        lambda q, k, v: attention_composed(q, k, v, tg.tensor(comp.astype(np.float64))),
+        *_qkv(B, nh, T, hs),
+        name=f"sdpa, padding mask, causal={causal}",
+    )
 
 
 def test_attention_twins_float32():
     q, k, v = [a.astype(np.float32) for a in _qkv(2, 2, 3, 4)]
     outs = []
-    for fn in (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-               lambda q, k, v: attention_composed(q, k, v, tg.tril(tg.ones(3, 3)))):
+    for fn in (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda q, k, v: attention_composed(q, k, v, tg.tril(tg.ones(3, 3))),
+    ):
         ts = [tg.tensor(a, requires_grad=True) for a in (q, k, v)]
         y = fn(*ts)
         y.sum().backward()

@@ -19,13 +19,25 @@ import tensorgrad as tg
 from tensorgrad import kernels
 from tensorgrad.autograd import Function
 from tensorgrad.ops.nn import (
-    Attention, CrossEntropy, Embedding, Gelu, LayerNorm, LogSoftmax, Softmax,
+    Attention,
+    CrossEntropy,
+    Embedding,
+    Gelu,
+    LayerNorm,
+    LogSoftmax,
+    Softmax,
 )
 from tensorgrad.optim import adamw_update
 
-REFERENCE = {"softmax": Softmax, "log_softmax": LogSoftmax, "cross_entropy": CrossEntropy,
-             "layer_norm": LayerNorm, "gelu": Gelu, "embedding": Embedding,
-             "attention": Attention}
+REFERENCE = {
+    "softmax": Softmax,
+    "log_softmax": LogSoftmax,
+    "cross_entropy": CrossEntropy,
+    "layer_norm": LayerNorm,
+    "gelu": Gelu,
+    "embedding": Embedding,
+    "attention": Attention,
+}
 # (relative, absolute) tolerance per dtype: kernels reorder float32 sums
 TOL = {np.float32: (2e-5, 2e-6), np.float64: (1e-12, 1e-13)}
 
@@ -39,44 +51,59 @@ def cases(op: str, dtype=np.float32, seed: int = 0):
     r = np.random.default_rng(seed)
     R = lambda *s, scale=1.0: _r(r, *s, scale=scale, dtype=dtype)  # noqa: E731
     if op in ("softmax", "log_softmax"):
-        return [("rows", (R(7, 33),), {"dim": -1}), ("one_col", (R(4, 1),), {"dim": -1}),
-                ("3d", (R(2, 3, 300, scale=30),), {"dim": 2}), ("dim0", (R(5, 6),), {"dim": 0}),
-                ("huge_logits", (R(3, 8, scale=1e4),), {"dim": -1})]
+        return [
+            ("rows", (R(7, 33),), {"dim": -1}),
+            ("one_col", (R(4, 1),), {"dim": -1}),
+            ("3d", (R(2, 3, 300, scale=30),), {"dim": 2}),
+            ("dim0", (R(5, 6),), {"dim": 0}),
+            ("huge_logits", (R(3, 8, scale=1e4),), {"dim": -1}),
+        ]
     if op == "cross_entropy":
         t = np.array([0, 3, 49, 7, 3, 1])
-        return [("mean", (R(6, 50), t), {}),
-                ("ignore", (R(6, 50), t), {"ignore_index": 3}),
-                ("sum", (R(6, 50, scale=1e4), t), {"reduction": "sum"}),
-                ("none", (R(6, 50), t), {"reduction": "none"}),
-                ("one_row", (R(1, 5), np.array([4])), {})]
+        return [
+            ("mean", (R(6, 50), t), {}),
+            ("ignore", (R(6, 50), t), {"ignore_index": 3}),
+            ("sum", (R(6, 50, scale=1e4), t), {"reduction": "sum"}),
+            ("none", (R(6, 50), t), {"reduction": "none"}),
+            ("one_row", (R(1, 5), np.array([4])), {}),
+        ]
     if op == "layer_norm":
-        return [("affine", (R(5, 37), R(37), R(37)), {}),
-                ("no_bias", (R(2, 3, 16), R(16), None), {}),
-                ("no_affine", (R(4, 9), None, None), {}),
-                ("two_dims", (R(2, 3, 5), R(3, 5), R(3, 5)), {"nd": 2}),
-                ("one_row_far_from_0", (R(1, 64) + 100, R(64), R(64)), {})]
+        return [
+            ("affine", (R(5, 37), R(37), R(37)), {}),
+            ("no_bias", (R(2, 3, 16), R(16), None), {}),
+            ("no_affine", (R(4, 9), None, None), {}),
+            ("two_dims", (R(2, 3, 5), R(3, 5), R(3, 5)), {"nd": 2}),
+            ("one_row_far_from_0", (R(1, 64) + 100, R(64), R(64)), {}),
+        ]
     if op == "gelu":
-        return [("tanh", (R(7, 9, scale=3),), {"approximate": "tanh"}),
-                ("erf", (R(7, 9, scale=3),), {"approximate": "none"}),
-                ("big", (R(3, 50000),), {"approximate": "tanh"})]
+        return [
+            ("tanh", (R(7, 9, scale=3),), {"approximate": "tanh"}),
+            ("erf", (R(7, 9, scale=3),), {"approximate": "none"}),
+            ("big", (R(3, 50000),), {"approximate": "tanh"}),
+        ]
     if op == "embedding":
-        return [("repeats", (R(9, 5), np.array([[0, 4, 0], [8, 8, 2]])), {}),
-                ("one", (R(3, 2), np.array([1])), {})]
+        return [
+            ("repeats", (R(9, 5), np.array([[0, 4, 0], [8, 8, 2]])), {}),
+            ("one", (R(3, 2), np.array([1])), {}),
+        ]
     if op == "attention":
         causal_kw = {"is_causal": True}
         mask = r.random((5, 7)) > 0.4
         mask[1] = False  # a query that sees no key: zeros
-        return [("causal", (R(2, 3, 8, 4), R(2, 3, 8, 4), R(2, 3, 8, 4), None), causal_kw),
-                ("full", (R(2, 5, 4), R(2, 7, 4), R(2, 7, 4), None), {}),
-                ("L<S causal", (R(1, 2, 3, 4), R(1, 2, 9, 4), R(1, 2, 9, 4), None), causal_kw),
-                ("bool_mask", (R(1, 5, 4), R(1, 7, 4), R(1, 7, 4), mask), {}),
-                ("additive", (R(2, 4, 4), R(2, 4, 4), R(2, 4, 4), R(4, 4)), {"scale": 0.3}),
-                ("broadcast_kv", (R(2, 3, 6, 4), R(1, 3, 6, 4), R(2, 1, 6, 4), None), causal_kw)]
+        return [
+            ("causal", (R(2, 3, 8, 4), R(2, 3, 8, 4), R(2, 3, 8, 4), None), causal_kw),
+            ("full", (R(2, 5, 4), R(2, 7, 4), R(2, 7, 4), None), {}),
+            ("L<S causal", (R(1, 2, 3, 4), R(1, 2, 9, 4), R(1, 2, 9, 4), None), causal_kw),
+            ("bool_mask", (R(1, 5, 4), R(1, 7, 4), R(1, 7, 4), mask), {}),
+            ("additive", (R(2, 4, 4), R(2, 4, 4), R(2, 4, 4), R(4, 4)), {"scale": 0.3}),
+            ("broadcast_kv", (R(2, 3, 6, 4), R(1, 3, 6, 4), R(2, 1, 6, 4), None), causal_kw),
+        ]
     return []
 
 
 def _as_tensors(arrays, device):
     """Float arrays become tensors that require grad; int / bool arrays move to the device."""
+
     def one(a):
         if not isinstance(a, np.ndarray):
             return a
@@ -101,8 +128,12 @@ def _kept_bytes(fn: Function, inputs) -> int:
     def shares(a, x):
         return tg.get_array_module(a).may_share_memory(a, x)
 
-    return sum(a.nbytes for v in fn.__dict__.values() for a in arrays(v)
-               if not any(shares(a, x) for x in ins))
+    return sum(
+        a.nbytes
+        for v in fn.__dict__.values()
+        for a in arrays(v)
+        if not any(shares(a, x) for x in ins)
+    )
 
 
 def run(ref, arrays, kw, device="cpu", g_seed=1):
@@ -128,24 +159,33 @@ def check_kernel(name: str, op: str, label: str, arrays, kw, device="cpu"):
     rtol, atol = TOL[dt]
     scale = max(1.0, float(np.abs(want.numpy()).max(initial=0)))
     assert got.dtype == want.dtype, f"{what}: output dtype {got.dtype} != {want.dtype}"
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=rtol, atol=atol * scale,
-                               err_msg=f"{what}: forward")
+    np.testing.assert_allclose(
+        got.numpy(), want.numpy(), rtol=rtol, atol=atol * scale, err_msg=f"{what}: forward"
+    )
     for i, (g, w) in enumerate(zip(got_g, want_g)):
         if w is None:
             assert g is None, f"{what}: input {i} got a gradient the reference does not give"
             continue
         assert g is not None and g.dtype == w.dtype, f"{what}: input {i} gradient dtype"
         gs = max(1.0, float(np.abs(w.numpy()).max(initial=0)))
-        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=10 * rtol, atol=10 * atol * gs,
-                                   err_msg=f"{what}: gradient of input {i}")
+        np.testing.assert_allclose(
+            g.numpy(),
+            w.numpy(),
+            rtol=10 * rtol,
+            atol=10 * atol * gs,
+            err_msg=f"{what}: gradient of input {i}",
+        )
     assert got_kept <= want_kept, (
         f"{what}: keeps {got_kept} bytes for backward, the reference {want_kept}"
     )
 
 
 CPU = [k for k in kernels.registered(device="cpu") if k.op in REFERENCE]
-CUDA = [pytest.param(k, marks=pytest.mark.cuda, id=k.name)
-        for k in kernels.registered(device="cuda") if k.op in REFERENCE]
+CUDA = [
+    pytest.param(k, marks=pytest.mark.cuda, id=k.name)
+    for k in kernels.registered(device="cuda")
+    if k.op in REFERENCE
+]
 
 
 def test_every_registered_op_has_cases():
@@ -187,9 +227,14 @@ def test_row_kernels_on_drawn_shapes(rows, cols, seed):
     x = (r.standard_normal((rows, cols)) * 3).astype(np.float32)
     w, b = r.standard_normal(cols).astype(np.float32), r.standard_normal(cols).astype(np.float32)
     t = r.integers(0, cols, rows)
-    drawn = {"softmax": ((x,), {"dim": -1}), "log_softmax": ((x,), {"dim": -1}),
-             "layer_norm": ((x, w, b), {}), "gelu": ((x,), {"approximate": "tanh"}),
-             "cross_entropy": ((x, t), {}), "embedding": ((x, r.integers(0, rows, 7)), {})}
+    drawn = {
+        "softmax": ((x,), {"dim": -1}),
+        "log_softmax": ((x,), {"dim": -1}),
+        "layer_norm": ((x, w, b), {}),
+        "gelu": ((x,), {"approximate": "tanh"}),
+        "cross_entropy": ((x, t), {}),
+        "embedding": ((x, r.integers(0, rows, 7)), {}),
+    }
     for k in CPU:
         if k.op in drawn:
             arrays, kw = drawn[k.op]
@@ -224,8 +269,9 @@ def test_a_wrong_kernel_is_caught(monkeypatch):
     """A kernel whose gradient is off by a factor fails the registry check."""
     monkeypatch.setattr(kernels, "_registry", {k: list(v) for k, v in kernels._registry.items()})
 
-    @kernels.register("softmax", "cpu", name="test.wrong_softmax",
-                      when=lambda x, dim=-1: dim in (-1, x.ndim - 1))
+    @kernels.register(
+        "softmax", "cpu", name="test.wrong_softmax", when=lambda x, dim=-1: dim in (-1, x.ndim - 1)
+    )
     class WrongSoftmax(Function):
         def forward(self, x, dim=-1):
             e = np.exp(x - x.max(axis=-1, keepdims=True))

@@ -30,13 +30,18 @@ from tensorgrad.optim import adamw_update
 
 try:  # the references move to tensorgrad.ops.nn in core v2
     from tensorgrad.ops import nn as R
+
     R.Softmax  # noqa: B018
 except (ImportError, AttributeError):
     from tensorgrad import functional as R
 
 TOL = {  # (atol, rtol) of float32 kernels against the float64 reference
-    "softmax": (2e-6, 1e-5), "log_softmax": (4e-6, 1e-5), "cross_entropy": (4e-6, 1e-5),
-    "layer_norm": (4e-6, 1e-5), "gelu": (2e-6, 1e-5), "attention": (4e-6, 1e-5),
+    "softmax": (2e-6, 1e-5),
+    "log_softmax": (4e-6, 1e-5),
+    "cross_entropy": (4e-6, 1e-5),
+    "layer_norm": (4e-6, 1e-5),
+    "gelu": (2e-6, 1e-5),
+    "attention": (4e-6, 1e-5),
 }
 
 
@@ -69,8 +74,10 @@ def run(cls, arrays, kw, g=None, seed=1):
     """(Function, forward output, gradients tuple, upstream gradient) of one fwd + bwd."""
     fn = cls()
     # copies (a kernel must not write its inputs), but strided views stay views
-    y = fn.forward(*[a.copy() if isinstance(a, np.ndarray) and a.flags.c_contiguous else a
-                     for a in arrays], **kw)
+    y = fn.forward(
+        *[a.copy() if isinstance(a, np.ndarray) and a.flags.c_contiguous else a for a in arrays],
+        **kw,
+    )
     if g is None:
         g = np.random.default_rng(seed).standard_normal(np.shape(y))
     grads = fn.backward(np.asarray(g, dtype=y.dtype))
@@ -84,8 +91,10 @@ def check(op, ref, ker, arrays, kw=None, tol=None, slack=0):
     atol, rtol = tol or TOL[op]
     shapes = ", ".join(str(np.shape(a)) for a in arrays if a is not None)
     kfn, y, grads, g = run(ker, arrays, kw)
-    wide = [a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
-            for a in arrays]
+    wide = [
+        a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+        for a in arrays
+    ]
     with kernels.reference_only():
         _, ry, rgrads, _ = run(ref, wide, kw, g)
         rfn32 = run(ref, arrays, kw, g)[0]
@@ -118,8 +127,13 @@ rows_cols = st.tuples(st.integers(1, 6), st.integers(1, 70))
 
 def test_exp32_ulp_bound():
     g = np.random.default_rng(0)
-    x = np.concatenate([g.uniform(-87.3, 88.7, 2_000_000), g.uniform(-1, 1, 500_000),
-                        [0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33]]).astype(np.float32)
+    x = np.concatenate(
+        [
+            g.uniform(-87.3, 88.7, 2_000_000),
+            g.uniform(-1, 1, 500_000),
+            [0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33],
+        ]
+    ).astype(np.float32)
     got = np.empty_like(x)
     exp32_array(x, got)
     want = np.exp(x.astype(np.float64))
@@ -170,32 +184,56 @@ def test_softmax_nan_and_all_minus_inf_rows_are_nan():
 # ----------------------------------------------------------------------------- cross-entropy
 
 
-@given(rows_cols.flatmap(lambda s: st.tuples(
-    f32(s, -8, 8), hnp.arrays(np.int64, s[0], elements=st.integers(-1, s[1] - 1)),
-    st.sampled_from(["mean", "sum", "none"]))))
+@given(
+    rows_cols.flatmap(
+        lambda s: st.tuples(
+            f32(s, -8, 8),
+            hnp.arrays(np.int64, s[0], elements=st.integers(-1, s[1] - 1)),
+            st.sampled_from(["mean", "sum", "none"]),
+        )
+    )
+)
 def test_cross_entropy(args):
     x, t, reduction = args
     t = np.where(t < 0, -100, t)  # some rows ignored
     # the kernel keeps one float64 logsumexp per row and int32 targets (-1: ignored); the
     # reference (core v2) keeps int64 targets and a bool mask: at most 8 bytes per row more
-    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [x, t],
-          {"reduction": reduction}, slack=8 * x.shape[0])
+    check(
+        "cross_entropy",
+        R.CrossEntropy,
+        K.NumbaCrossEntropy,
+        [x, t],
+        {"reduction": reduction},
+        slack=8 * x.shape[0],
+    )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_edges(reduction):
     kw = {"reduction": reduction}
     one = np.array([[0.5]], np.float32)
-    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [one, np.array([0])], kw,
-          slack=8)
+    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [one, np.array([0])], kw, slack=8)
     big = np.array([[1e4, -1e4, 0, 1e4 - 2], [-1e4, 3, -1e4, 0]], np.float32)
-    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [big, np.array([3, 0])], kw,
-          slack=16)
+    check(
+        "cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy, [big, np.array([3, 0])], kw, slack=16
+    )
     x = np.random.default_rng(0).standard_normal((4, 7)).astype(np.float32)
-    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy,
-          [x, np.array([-100, -100, -100, -100])], kw, slack=32)  # all ignored: NaN mean
-    check("cross_entropy", R.CrossEntropy, K.NumbaCrossEntropy,
-          [x, np.array([1, 5, 5, 6])], dict(kw, ignore_index=5), slack=32)
+    check(
+        "cross_entropy",
+        R.CrossEntropy,
+        K.NumbaCrossEntropy,
+        [x, np.array([-100, -100, -100, -100])],
+        kw,
+        slack=32,
+    )  # all ignored: NaN mean
+    check(
+        "cross_entropy",
+        R.CrossEntropy,
+        K.NumbaCrossEntropy,
+        [x, np.array([1, 5, 5, 6])],
+        dict(kw, ignore_index=5),
+        slack=32,
+    )
 
 
 @pytest.mark.parametrize("bad", [7, -1, 100])
@@ -208,9 +246,15 @@ def test_cross_entropy_out_of_range(bad):
 # ----------------------------------------------------------------------------- layer norm
 
 
-@given(st.tuples(st.integers(1, 5), st.integers(1, 70), st.booleans(), st.booleans(),
-                 st.sampled_from([np.float32, np.float64])).flatmap(
-    lambda a: st.tuples(f32((a[0], a[1])), f32((a[1],)), st.just(a))))
+@given(
+    st.tuples(
+        st.integers(1, 5),
+        st.integers(1, 70),
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from([np.float32, np.float64]),
+    ).flatmap(lambda a: st.tuples(f32((a[0], a[1])), f32((a[1],)), st.just(a)))
+)
 def test_layer_norm(args):
     x, w, (_, c, has_w, has_b, dtype) = args
     x = x + np.float32(2) * np.arange(c, dtype=np.float32)  # well-conditioned variance
@@ -223,20 +267,23 @@ def test_layer_norm(args):
         check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, [x, w, b])
 
 
-@pytest.mark.parametrize("shape,nd", [((1, 1), 1), ((1, 768), 1), ((2, 3, 5), 2),
-                                      ((3, 40), 1), ((37, 50), 1)])
+@pytest.mark.parametrize(
+    "shape,nd", [((1, 1), 1), ((1, 768), 1), ((2, 3, 5), 2), ((3, 40), 1), ((37, 50), 1)]
+)
 def test_layer_norm_shapes(shape, nd):
     g = np.random.default_rng(0)
     x = g.standard_normal(shape).astype(np.float32)
-    w = g.standard_normal(shape[len(shape) - nd:]).astype(np.float32)
+    w = g.standard_normal(shape[len(shape) - nd :]).astype(np.float32)
     check("layer_norm", R.LayerNorm, K.NumbaLayerNorm, [x, w, w * 0.5], {"nd": nd})
 
 
 # ----------------------------------------------------------------------------- GELU
 
 
-@given(st.tuples(st.integers(1, 3), st.integers(1, 40)).flatmap(lambda s: f32(s, -12, 12)),
-       st.sampled_from(["tanh", "none"]))
+@given(
+    st.tuples(st.integers(1, 3), st.integers(1, 40)).flatmap(lambda s: f32(s, -12, 12)),
+    st.sampled_from(["tanh", "none"]),
+)
 def test_gelu(x, approximate):
     check("gelu", R.Gelu, K.NumbaGelu, [x], {"approximate": approximate})
 
@@ -250,9 +297,18 @@ def test_gelu_extremes(approximate):
 # ----------------------------------------------------------------------------- attention
 
 
-@given(st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 40), st.integers(1, 40),
-                 st.integers(1, 16), st.integers(1, 9), st.booleans(),
-                 st.sampled_from([None, 0.3])))
+@given(
+    st.tuples(
+        st.integers(1, 2),
+        st.integers(1, 3),
+        st.integers(1, 40),
+        st.integers(1, 40),
+        st.integers(1, 16),
+        st.integers(1, 9),
+        st.booleans(),
+        st.sampled_from([None, 0.3]),
+    )
+)
 def test_attention(dims):
     B, H, L, S, E, Ev, causal, scale = dims
     g = np.random.default_rng(L * 100 + S)
@@ -260,8 +316,13 @@ def test_attention(dims):
     k = g.standard_normal((B, H, S, E)).astype(np.float32)
     v = g.standard_normal((B, H, S, Ev)).astype(np.float32)
     assume(KA._attn_when(q, k, v, None))  # S > Ev: else the reference keeps less
-    check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
-          {"is_causal": causal, "scale": scale})
+    check(
+        "attention",
+        R.Attention,
+        KA.NumbaFlashAttention,
+        [q, k, v, None],
+        {"is_causal": causal, "scale": scale},
+    )
 
 
 @pytest.mark.parametrize("L,S", [(1, 5), (5, 9), (9, 5), (70, 70), (3, 200)])
@@ -270,8 +331,13 @@ def test_attention_causal_shapes(L, S, monkeypatch):
     g = np.random.default_rng(0)
     q, k = g.standard_normal((2, L, 8)), g.standard_normal((2, S, 8))
     v = g.standard_normal((2, S, 4))
-    y = check("attention", R.Attention, KA.NumbaFlashAttention,
-              [a.astype(np.float32) for a in (q, k, v)] + [None], {"is_causal": True})
+    y = check(
+        "attention",
+        R.Attention,
+        KA.NumbaFlashAttention,
+        [a.astype(np.float32) for a in (q, k, v)] + [None],
+        {"is_causal": True},
+    )
     if L > S:  # the first L - S queries see no key: zeros, as the reference
         assert not y[:, : L - S].any()
 
@@ -291,8 +357,9 @@ def test_attention_thread_modes(mode, monkeypatch):
     try:
         g = np.random.default_rng(0)
         q, k, v = (g.standard_normal((3, 40, 8)).astype(np.float32) for _ in range(3))
-        check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
-              {"is_causal": True})
+        check(
+            "attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None], {"is_causal": True}
+        )
     finally:
         numba.set_num_threads(prev)
 
@@ -301,11 +368,11 @@ def test_attention_head_views():
     # the model's q, k, v are (B, nh, T, hs) transposes of one (B, T, 3C) projection
     g = np.random.default_rng(0)
     qkv = g.standard_normal((2, 24, 3 * 4 * 8)).astype(np.float32)
-    q, k, v = (qkv[..., i * 32:(i + 1) * 32].reshape(2, 24, 4, 8).transpose(0, 2, 1, 3)
-               for i in range(3))
+    q, k, v = (
+        qkv[..., i * 32 : (i + 1) * 32].reshape(2, 24, 4, 8).transpose(0, 2, 1, 3) for i in range(3)
+    )
     assert KA._attn_when(q, k, v, None)
-    check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None],
-          {"is_causal": True})
+    check("attention", R.Attention, KA.NumbaFlashAttention, [q, k, v, None], {"is_causal": True})
 
 
 def test_attention_keeps_o_of_t():
@@ -324,7 +391,8 @@ def test_attention_keeps_o_of_t():
 def test_adamw(dtype, tol, wd):
     g = np.random.default_rng(0)
     a = [g.standard_normal(40_000).astype(dtype) for _ in range(3)] + [
-        g.random(40_000).astype(dtype)]
+        g.random(40_000).astype(dtype)
+    ]
     b = [x.copy() for x in a]
     for step in (1, 2, 10):
         kw = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": wd, "step": step}
@@ -339,8 +407,7 @@ def test_adamw(dtype, tol, wd):
 
 def test_registered_names():
     names = {k.name for k in kernels.registered()}
-    for n in ("softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu",
-              "flash_attention"):
+    for n in ("softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu", "flash_attention"):
         assert f"cpu.numba.{n}" in names
 
 
@@ -359,8 +426,9 @@ def test_predicates_refuse_what_kernels_do_not_handle():
     assert not pick_impl("softmax", np.zeros((0, 5), np.float32))
     assert pick_impl("cross_entropy", x32, np.zeros(4, np.int64))
     assert not pick_impl("cross_entropy", np.zeros((2, 2, 5), np.float32), np.zeros(2, int))
-    assert pick_impl("layer_norm", x32, None, None) and pick_impl("layer_norm", x32 * 1.0,
-                                                                  np.ones(5, np.float32), None)
+    assert pick_impl("layer_norm", x32, None, None) and pick_impl(
+        "layer_norm", x32 * 1.0, np.ones(5, np.float32), None
+    )
     assert not pick_impl("layer_norm", x32, np.ones(5), None)  # dtypes differ
     assert not pick_impl("gelu", x32.astype(np.float16))
     q = np.zeros((1, 2, 5, 4), np.float32)
@@ -376,11 +444,11 @@ def test_predicates_refuse_what_kernels_do_not_handle():
 def test_apply_records_and_backpropagates():
     import tensorgrad as tg
 
-    x = tg.tensor(np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32),
-                  requires_grad=True)
+    x = tg.tensor(
+        np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32), requires_grad=True
+    )
     K.NumbaLayerNorm.apply(K.NumbaSoftmax.apply(x, dim=-1), None, None, nd=1).sum().backward()
     assert x.grad is not None and x.grad.shape == (3, 8) and np.isfinite(x.grad.numpy()).all()
-
 
 
 def test_sizes_above_parallel_min():

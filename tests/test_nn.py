@@ -26,11 +26,13 @@ class Tiny(nn.Module):
 
     def __init__(self, vocab=5, d=4, n_layer=2):
         super().__init__()
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(vocab, d),
-            "h": nn.ModuleList([Block(d) for _ in range(n_layer)]),
-            "ln_f": nn.LayerNorm(d),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(vocab, d),
+                "h": nn.ModuleList([Block(d) for _ in range(n_layer)]),
+                "ln_f": nn.LayerNorm(d),
+            }
+        )
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying
 
@@ -42,9 +44,11 @@ class Tiny(nn.Module):
 
 
 BLOCK_NAMES = ["ln.weight", "ln.bias", "fc.weight", "fc.bias", "proj.weight"]
-TINY_NAMES = (["transformer.wte.weight"]
-              + [f"transformer.h.{i}.{n}" for i in range(2) for n in BLOCK_NAMES]
-              + ["transformer.ln_f.weight", "transformer.ln_f.bias"])
+TINY_NAMES = (
+    ["transformer.wte.weight"]
+    + [f"transformer.h.{i}.{n}" for i in range(2) for n in BLOCK_NAMES]
+    + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+)
 
 
 def test_named_parameters_dotted_and_shared_listed_once():
@@ -59,8 +63,14 @@ def test_named_parameters_dotted_and_shared_listed_once():
 
 def test_module_registration():
     m = Tiny()
-    assert set(dict(m.named_modules())) >= {"", "transformer", "transformer.h", "transformer.h.0",
-                                            "transformer.h.1.fc", "lm_head"}
+    assert set(dict(m.named_modules())) >= {
+        "",
+        "transformer",
+        "transformer.h",
+        "transformer.h.0",
+        "transformer.h.1.fc",
+        "lm_head",
+    }
     assert len(m.transformer.h) == 2 and isinstance(m.transformer.h[1], Block)
     assert "wte" in m.transformer and list(m.transformer.keys()) == ["wte", "h", "ln_f"]
     assert [type(c).__name__ for c in m.children()] == ["ModuleDict", "Linear"]
@@ -229,8 +239,9 @@ def test_dropout_module_eval_is_identity():
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_module(approximate):
     x = np.linspace(-3, 3, 7)
-    check_op(lambda t: nn.GELU(approximate)(t), lambda a: F.gelu(tg.tensor(a), approximate)
-             .numpy(), x)
+    check_op(
+        lambda t: nn.GELU(approximate)(t), lambda a: F.gelu(tg.tensor(a), approximate).numpy(), x
+    )
 
 
 def test_sequential_relu():
@@ -247,8 +258,7 @@ def test_tiny_mlp_learns_xor_like_task():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 2)).astype(np.float32)
     y = ((x[:, 0] > 0) ^ (x[:, 1] > 0)).astype(np.int64)  # XOR of the signs: not linear
-    net = nn.Sequential(nn.Linear(2, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(),
-                        nn.Linear(16, 2))
+    net = nn.Sequential(nn.Linear(2, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 2))
     xt, yt = tg.tensor(x), tg.tensor(y)
     lr, losses = 0.5, []
     for _ in range(150):

@@ -74,8 +74,9 @@ def test_scalar_forms(op, data, shape):
 @given(data=st.data(), shape=shapes())
 def test_pow_tensor_scalar(p, data, shape):
     # non-integer powers need a positive base; integer ones take any sign away from 0
-    x = data.draw(arrays(shape, hi=2.0, min_abs=0.5) if isinstance(p, int) else
-                  arrays(shape, lo=0.3, hi=2.0))
+    x = data.draw(
+        arrays(shape, hi=2.0, min_abs=0.5) if isinstance(p, int) else arrays(shape, lo=0.3, hi=2.0)
+    )
     check_op(lambda t: t**p, lambda a: a**p, x, name=f"x**{p} {shape}")
 
 
@@ -183,8 +184,7 @@ def test_matmul(sx, sy):
     check_op(lambda a, b: a.matmul(b), np.matmul, randn(*sx), randn(*sy), name=f"matmul() {sx}")
 
 
-@given(data=st.data(), batch=broadcast_pairs(max_dims=2),
-       nkm=st.tuples(*[st.integers(1, 3)] * 3))
+@given(data=st.data(), batch=broadcast_pairs(max_dims=2), nkm=st.tuples(*[st.integers(1, 3)] * 3))
 def test_matmul_batched_broadcast(data, batch, nkm):
     n, k, m = nkm
     x = data.draw(arrays((*batch[0], n, k)))
@@ -207,9 +207,12 @@ def test_sum_mean(op, data, sdk):
     shape, dim, keepdim = sdk
     x = data.draw(arrays(shape))
     ax = np_axes(dim, len(shape))
-    check_op(lambda t: getattr(t, op)(dim, keepdim=keepdim),
-             lambda a: getattr(np, op)(a, axis=ax, keepdims=keepdim), x,
-             name=f"{op}(dim={dim}, keepdim={keepdim}) {shape}")
+    check_op(
+        lambda t: getattr(t, op)(dim, keepdim=keepdim),
+        lambda a: getattr(np, op)(a, axis=ax, keepdims=keepdim),
+        x,
+        name=f"{op}(dim={dim}, keepdim={keepdim}) {shape}",
+    )
 
 
 @pytest.mark.filterwarnings("ignore:Degrees of freedom")
@@ -220,18 +223,25 @@ def test_var(correction, data, sdk):
     n = reduced_count(shape, dim)
     x = data.draw(distinct_arrays(shape))
     ax = np_axes(dim, len(shape))
-    want = (lambda a: np.var(a, axis=ax, keepdims=keepdim, ddof=correction))
+    want = lambda a: np.var(a, axis=ax, keepdims=keepdim, ddof=correction)
     if n <= correction:  # PyTorch: inf/nan for one element with correction 1
         with np.errstate(divide="ignore", invalid="ignore"):
             check_op(lambda t: t.var(dim, keepdim, correction=correction), want, x, grad=False)
         return
-    check_op(lambda t: t.var(dim, keepdim, correction=correction), want, x,
-             name=f"var(dim={dim}, keepdim={keepdim}, correction={correction}) {shape}")
+    check_op(
+        lambda t: t.var(dim, keepdim, correction=correction),
+        want,
+        x,
+        name=f"var(dim={dim}, keepdim={keepdim}, correction={correction}) {shape}",
+    )
     if n == 1:
         return  # std of one element is 0, where sqrt has no derivative
-    check_op(lambda t: t.std(dim, keepdim, unbiased=bool(correction)),
-             lambda a: np.std(a, axis=ax, keepdims=keepdim, ddof=correction), x,
-             name=f"std(dim={dim}) {shape}")
+    check_op(
+        lambda t: t.std(dim, keepdim, unbiased=bool(correction)),
+        lambda a: np.std(a, axis=ax, keepdims=keepdim, ddof=correction),
+        x,
+        name=f"std(dim={dim}) {shape}",
+    )
 
 
 @given(data=st.data(), sdk=shape_dim_keepdim(min_dims=0))
@@ -239,10 +249,18 @@ def test_amax_amin(data, sdk):
     shape, dim, keepdim = sdk
     x = data.draw(distinct_arrays(shape))
     ax = np_axes(dim, len(shape))
-    check_op(lambda t: t.amax(dim, keepdim), lambda a: np.max(a, axis=ax, keepdims=keepdim), x,
-             name=f"amax(dim={dim}, keepdim={keepdim}) {shape}")
-    check_op(lambda t: t.amin(dim, keepdim), lambda a: np.min(a, axis=ax, keepdims=keepdim), x,
-             name=f"amin(dim={dim}, keepdim={keepdim}) {shape}")
+    check_op(
+        lambda t: t.amax(dim, keepdim),
+        lambda a: np.max(a, axis=ax, keepdims=keepdim),
+        x,
+        name=f"amax(dim={dim}, keepdim={keepdim}) {shape}",
+    )
+    check_op(
+        lambda t: t.amin(dim, keepdim),
+        lambda a: np.min(a, axis=ax, keepdims=keepdim),
+        x,
+        name=f"amin(dim={dim}, keepdim={keepdim}) {shape}",
+    )
 
 
 @given(data=st.data(), sdk=shape_dim_keepdim(allow_none=False, allow_tuple=False))
@@ -257,9 +275,12 @@ def test_max_min_dim_values_indices(data, sdk):
         assert_close(values.numpy(), npf(x, axis=dim, keepdims=keepdim), what=f"{name} values")
         assert indices.dtype.kind == "i" and not indices.requires_grad
         np.testing.assert_array_equal(indices.numpy(), npa(x, axis=dim, keepdims=keepdim))
-        check_op(lambda a, name=name: getattr(a, name)(dim, keepdim)[0],
-                 lambda a, npf=npf: npf(a, axis=dim, keepdims=keepdim), x,
-                 name=f"{name}(dim={dim}) {shape}")
+        check_op(
+            lambda a, name=name: getattr(a, name)(dim, keepdim)[0],
+            lambda a, npf=npf: npf(a, axis=dim, keepdims=keepdim),
+            x,
+            name=f"{name}(dim={dim}) {shape}",
+        )
     check_op(lambda a: a.max(), np.max, x, name=f"max() {shape}")
 
 
@@ -279,18 +300,24 @@ SHAPE_CASES = [
     ("reshape 0-d", (), lambda t: t.reshape(1, 1), lambda a: a.reshape(1, 1)),
     ("view_as", (2, 3), lambda t: t.view_as(tg.zeros(3, 2)), lambda a: a.reshape(3, 2)),
     ("transpose(0,1)", (2, 3), lambda t: t.transpose(0, 1), lambda a: a.T),
-    ("transpose(-2,-1)", (2, 3, 2), lambda t: t.transpose(-2, -1),
-     lambda a: a.swapaxes(-2, -1)),
+    ("transpose(-2,-1)", (2, 3, 2), lambda t: t.transpose(-2, -1), lambda a: a.swapaxes(-2, -1)),
     ("T", (2, 3, 2), lambda t: t.T, lambda a: a.transpose(2, 1, 0)),
     ("mT", (2, 3, 2), lambda t: t.mT, lambda a: a.swapaxes(-1, -2)),
     ("t()", (2, 3), lambda t: t.t(), lambda a: a.T),
-    ("permute(2,0,1)", (2, 3, 2), lambda t: t.permute(2, 0, 1),
-     lambda a: a.transpose(2, 0, 1)),
-    ("permute((1,-1,0))", (2, 3, 2), lambda t: t.permute((1, -1, 0)),
-     lambda a: a.transpose(1, 2, 0)),
+    ("permute(2,0,1)", (2, 3, 2), lambda t: t.permute(2, 0, 1), lambda a: a.transpose(2, 0, 1)),
+    (
+        "permute((1,-1,0))",
+        (2, 3, 2),
+        lambda t: t.permute((1, -1, 0)),
+        lambda a: a.transpose(1, 2, 0),
+    ),
     ("movedim", (2, 3, 2), lambda t: t.movedim(0, -1), lambda a: np.moveaxis(a, 0, -1)),
-    ("contiguous", (2, 3), lambda t: t.transpose(0, 1).contiguous().view(-1),
-     lambda a: a.T.reshape(-1)),
+    (
+        "contiguous",
+        (2, 3),
+        lambda t: t.transpose(0, 1).contiguous().view(-1),
+        lambda a: a.T.reshape(-1),
+    ),
     ("unsqueeze(0)", (2, 3), lambda t: t.unsqueeze(0), lambda a: a[None]),
     ("unsqueeze(-1)", (2, 3), lambda t: t.unsqueeze(-1), lambda a: a[..., None]),
     ("unsqueeze(1)", (2, 3), lambda t: t.unsqueeze(1), lambda a: a[:, None]),
@@ -306,16 +333,32 @@ SHAPE_CASES = [
     ("expand", (3, 1), lambda t: t.expand(3, 4), lambda a: np.broadcast_to(a, (3, 4))),
     ("expand -1", (3, 1), lambda t: t.expand(2, -1, 2), lambda a: np.broadcast_to(a, (2, 3, 2))),
     ("expand 0-d", (), lambda t: t.expand(2, 2), lambda a: np.broadcast_to(a, (2, 2))),
-    ("expand_as", (1, 2), lambda t: t.expand_as(tg.zeros(3, 2)),
-     lambda a: np.broadcast_to(a, (3, 2))),
+    (
+        "expand_as",
+        (1, 2),
+        lambda t: t.expand_as(tg.zeros(3, 2)),
+        lambda a: np.broadcast_to(a, (3, 2)),
+    ),
     ("repeat", (2, 1), lambda t: t.repeat(2, 3), lambda a: np.tile(a, (2, 3))),
-    ("view of permute", (2, 3, 2), lambda t: t.permute(1, 0, 2).reshape(3, 4),
-     lambda a: a.transpose(1, 0, 2).reshape(3, 4)),
+    (
+        "view of permute",
+        (2, 3, 2),
+        lambda t: t.permute(1, 0, 2).reshape(3, 4),
+        lambda a: a.transpose(1, 0, 2).reshape(3, 4),
+    ),
     # the nanoGPT head split: (B, T, C) -> (B, nh, T, hs) and back
-    ("head split", (2, 3, 4), lambda t: t.view(2, 3, 2, 2).transpose(1, 2),
-     lambda a: a.reshape(2, 3, 2, 2).transpose(0, 2, 1, 3)),
-    ("head merge", (2, 2, 3, 2), lambda t: t.transpose(1, 2).contiguous().view(2, 3, 4),
-     lambda a: a.transpose(0, 2, 1, 3).reshape(2, 3, 4)),
+    (
+        "head split",
+        (2, 3, 4),
+        lambda t: t.view(2, 3, 2, 2).transpose(1, 2),
+        lambda a: a.reshape(2, 3, 2, 2).transpose(0, 2, 1, 3),
+    ),
+    (
+        "head merge",
+        (2, 2, 3, 2),
+        lambda t: t.transpose(1, 2).contiguous().view(2, 3, 4),
+        lambda a: a.transpose(0, 2, 1, 3).reshape(2, 3, 4),
+    ),
 ]
 
 
@@ -332,8 +375,15 @@ def test_views_share_data():
     assert x[0].item() == 100.0 and v.transpose(0, 1).is_contiguous() is False
 
 
-@pytest.mark.parametrize("bad", [lambda t: t.view(4, 2), lambda t: t.view(-1, -1),
-                                 lambda t: t.expand(3, 4), lambda t: t.permute(0, 0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda t: t.view(4, 2),
+        lambda t: t.view(-1, -1),
+        lambda t: t.expand(3, 4),
+        lambda t: t.permute(0, 0),
+    ],
+)
 def test_shape_errors(bad):
     with pytest.raises(ValueError, match=r"\(2, 3\)|permut|-1"):
         bad(tg.zeros(2, 3))
@@ -389,8 +439,7 @@ def test_repeated_indices_accumulate():
     np.testing.assert_array_equal(e.grad.numpy()[:, 1], [0, 0, 0, 3, 0])
 
 
-@pytest.mark.parametrize("key", [3, -4, (0, 2), (Ellipsis, 5), np.array([0, 3]),
-                                 ([0, 1], [0, 7])])
+@pytest.mark.parametrize("key", [3, -4, (0, 2), (Ellipsis, 5), np.array([0, 3]), ([0, 1], [0, 7])])
 def test_getitem_out_of_range(key):
     with pytest.raises(IndexError):
         tg.zeros(3, 2)[key]
@@ -421,26 +470,36 @@ def test_split(shape, sizes, dim):
     pieces = tg.tensor(x).split(sizes, dim=dim)
     assert isinstance(pieces, tuple) and len(pieces) == len(want)
     for i in range(len(want)):
-        check_op(lambda t, i=i: t.split(sizes, dim)[i],
-                 lambda a, i=i: np.split(a, cuts, axis=dim)[i], x,
-                 name=f"split({sizes}, dim={dim})[{i}] {shape}")
+        check_op(
+            lambda t, i=i: t.split(sizes, dim)[i],
+            lambda a, i=i: np.split(a, cuts, axis=dim)[i],
+            x,
+            name=f"split({sizes}, dim={dim})[{i}] {shape}",
+        )
     # all pieces used, with different weights
-    check_op(lambda t: sum((p * (i + 1)).sum() for i, p in enumerate(t.split(sizes, dim))),
-             lambda a: sum((p * (i + 1)).sum() for i, p in enumerate(np.split(a, cuts, axis=dim))),
-             x, name=f"split({sizes}) all pieces")
+    check_op(
+        lambda t: sum((p * (i + 1)).sum() for i, p in enumerate(t.split(sizes, dim))),
+        lambda a: sum((p * (i + 1)).sum() for i, p in enumerate(np.split(a, cuts, axis=dim))),
+        x,
+        name=f"split({sizes}) all pieces",
+    )
 
 
-@pytest.mark.parametrize("shape,chunks,dim", [((6, 2), 3, 0), ((5, 2), 2, 0), ((2, 7), 3, -1),
-                                              ((2, 3, 4), 2, 1)])
+@pytest.mark.parametrize(
+    "shape,chunks,dim", [((6, 2), 3, 0), ((5, 2), 2, 0), ((2, 7), 3, -1), ((2, 3, 4), 2, 1)]
+)
 def test_chunk(shape, chunks, dim):
     x = randn(*shape)
     n = shape[dim]
     step = -(-n // chunks)
     cuts = list(range(step, n, step))
     for i in range(len(cuts) + 1):
-        check_op(lambda t, i=i: t.chunk(chunks, dim)[i],
-                 lambda a, i=i: np.split(a, cuts, axis=dim)[i], x,
-                 name=f"chunk({chunks}, dim={dim})[{i}] {shape}")
+        check_op(
+            lambda t, i=i: t.chunk(chunks, dim)[i],
+            lambda a, i=i: np.split(a, cuts, axis=dim)[i],
+            x,
+            name=f"chunk({chunks}, dim={dim})[{i}] {shape}",
+        )
 
 
 def test_split_errors():
@@ -448,25 +507,37 @@ def test_split_errors():
         tg.zeros(2, 5).split([2, 2], dim=1)
 
 
-@pytest.mark.parametrize("shapes_,dim", [
-    ([(2, 3), (1, 3), (3, 3)], 0),
-    ([(2, 1), (2, 3)], 1),
-    ([(2, 2, 1), (2, 2, 2)], -1),
-    ([(3,)], 0),
-])
+@pytest.mark.parametrize(
+    "shapes_,dim",
+    [
+        ([(2, 3), (1, 3), (3, 3)], 0),
+        ([(2, 1), (2, 3)], 1),
+        ([(2, 2, 1), (2, 2, 2)], -1),
+        ([(3,)], 0),
+    ],
+)
 def test_cat(shapes_, dim):
     xs = [randn(*s) for s in shapes_]
-    check_op(lambda *ts: tg.cat(list(ts), dim=dim),
-             lambda *a: np.concatenate(a, axis=dim), *xs, name=f"cat {shapes_} dim={dim}")
+    check_op(
+        lambda *ts: tg.cat(list(ts), dim=dim),
+        lambda *a: np.concatenate(a, axis=dim),
+        *xs,
+        name=f"cat {shapes_} dim={dim}",
+    )
     check_op(lambda *ts: tg.concat(ts, dim), lambda *a: np.concatenate(a, axis=dim), *xs)
 
 
-@pytest.mark.parametrize("shape,n,dim", [((2, 3), 3, 0), ((2, 3), 2, 1), ((2, 3), 2, -1),
-                                         ((2,), 2, 0), ((), 3, 0)])
+@pytest.mark.parametrize(
+    "shape,n,dim", [((2, 3), 3, 0), ((2, 3), 2, 1), ((2, 3), 2, -1), ((2,), 2, 0), ((), 3, 0)]
+)
 def test_stack(shape, n, dim):
     xs = [randn(*shape) for _ in range(n)]
-    check_op(lambda *ts: tg.stack(list(ts), dim=dim), lambda *a: np.stack(a, axis=dim), *xs,
-             name=f"stack {n}x{shape} dim={dim}")
+    check_op(
+        lambda *ts: tg.stack(list(ts), dim=dim),
+        lambda *a: np.stack(a, axis=dim),
+        *xs,
+        name=f"stack {n}x{shape} dim={dim}",
+    )
 
 
 def test_cat_stack_errors():
@@ -487,8 +558,9 @@ def test_where(data, shapes2, cshape):
     except ValueError:
         cshape = ()
     c = np.random.default_rng(len(cshape)).random(cshape) > 0.5
-    check_op(lambda c_, a, b: tg.where(c_, a, b), np.where, c, x, y,
-             name=f"where {cshape} {shapes2}")
+    check_op(
+        lambda c_, a, b: tg.where(c_, a, b), np.where, c, x, y, name=f"where {cshape} {shapes2}"
+    )
     check_op(lambda c_, a: tg.where(c_, a, 0.0), lambda c_, a: np.where(c_, a, 0.0), c, x)
     check_op(lambda c_, b: tg.where(c_, -1.0, b), lambda c_, b: np.where(c_, -1.0, b), c, y)
 
@@ -498,13 +570,25 @@ def test_where_needs_bool():
         tg.where(tg.tensor([1, 0]), tg.zeros(2), tg.ones(2))
 
 
-@pytest.mark.parametrize("xshape,mshape", [((2, 3), (2, 3)), ((2, 3), (3,)), ((2, 3, 3), (3, 3)),
-                                           ((2, 2, 3, 3), (1, 1, 3, 3)), ((2, 3), (2, 1))])
+@pytest.mark.parametrize(
+    "xshape,mshape",
+    [
+        ((2, 3), (2, 3)),
+        ((2, 3), (3,)),
+        ((2, 3, 3), (3, 3)),
+        ((2, 2, 3, 3), (1, 1, 3, 3)),
+        ((2, 3), (2, 1)),
+    ],
+)
 def test_masked_fill(xshape, mshape):
     x = randn(*xshape)
     m = rs.random(mshape) > 0.5
-    check_op(lambda t: t.masked_fill(m, 0.25), lambda a: np.where(m, 0.25, a), x,
-             name=f"masked_fill {xshape} mask {mshape}")
+    check_op(
+        lambda t: t.masked_fill(m, 0.25),
+        lambda a: np.where(m, 0.25, a),
+        x,
+        name=f"masked_fill {xshape} mask {mshape}",
+    )
     check_op(lambda t: t.masked_fill(tg.tensor(m), 0.0), lambda a: np.where(m, 0.0, a), x)
     # -inf: check the forward, and the gradient through a softmax (some key kept per row)
     m[..., 0] = False
@@ -524,8 +608,12 @@ def test_masked_fill_errors():
 @pytest.mark.parametrize("diagonal", [-1, 0, 1])
 @pytest.mark.parametrize("shape", [(3, 3), (2, 4), (2, 3, 2)])
 def test_tril_triu(fn, npf, diagonal, shape):
-    check_op(lambda t: fn(t, diagonal=diagonal), lambda a: npf(a, k=diagonal), randn(*shape),
-             name=f"{fn.__name__}(diagonal={diagonal}) {shape}")
+    check_op(
+        lambda t: fn(t, diagonal=diagonal),
+        lambda a: npf(a, k=diagonal),
+        randn(*shape),
+        name=f"{fn.__name__}(diagonal={diagonal}) {shape}",
+    )
 
 
 # ----------------------------------------------------------------------------- functional: softmax
@@ -546,8 +634,12 @@ def test_softmax_family(op, data, sdk):
     shape, dim, _ = sdk
     x = data.draw(arrays(shape, lo=-4.0, hi=4.0))
     npf = np_softmax if op == "softmax" else np_log_softmax
-    check_op(lambda t: getattr(F, op)(t, dim=dim), lambda a: npf(a, dim), x,
-             name=f"F.{op}(dim={dim}) {shape}")
+    check_op(
+        lambda t: getattr(F, op)(t, dim=dim),
+        lambda a: npf(a, dim),
+        x,
+        name=f"F.{op}(dim={dim}) {shape}",
+    )
     check_op(lambda t: getattr(t, op)(dim), lambda a: npf(a, dim), x, name=f"Tensor.{op}")
 
 
@@ -597,8 +689,9 @@ def np_layer_norm(a, nd, w=None, b=None, eps=1e-5):
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "bias", "both"])
-@pytest.mark.parametrize("shape,ns", [((2, 3), 3), ((2, 3), (3,)), ((2, 2, 3), (2, 3)),
-                                      ((4,), 4), ((3, 1, 4), [4])])
+@pytest.mark.parametrize(
+    "shape,ns", [((2, 3), 3), ((2, 3), (3,)), ((2, 2, 3), (2, 3)), ((4,), 4), ((3, 1, 4), [4])]
+)
 def test_layer_norm(affine, shape, ns):
     nshape = (ns,) if isinstance(ns, int) else tuple(ns)
     x = randn(*shape) * 2 + 0.5
@@ -613,8 +706,12 @@ def test_layer_norm(affine, shape, ns):
         tb = ts.pop(0) if b is not None else None
         return F.layer_norm(t, ns, tw, tb)
 
-    check_op(tg_fn, lambda a, *_: np_layer_norm(a, len(nshape), w, b), *args,
-             name=f"layer_norm {shape} ns={ns} affine={affine}")
+    check_op(
+        tg_fn,
+        lambda a, *_: np_layer_norm(a, len(nshape), w, b),
+        *args,
+        name=f"layer_norm {shape} ns={ns} affine={affine}",
+    )
 
 
 def test_layer_norm_shape_error():
@@ -628,17 +725,25 @@ _erf = np.vectorize(math.erf)
 @given(data=st.data(), shape=shapes())
 def test_gelu_exact(data, shape):
     x = data.draw(arrays(shape, lo=-5.0, hi=5.0))
-    check_op(lambda t: F.gelu(t), lambda a: a * 0.5 * (1 + _erf(a / math.sqrt(2))), x,
-             atol=1e-6, name=f"gelu(approximate='none') {shape}")
+    check_op(
+        lambda t: F.gelu(t),
+        lambda a: a * 0.5 * (1 + _erf(a / math.sqrt(2))),
+        x,
+        atol=1e-6,
+        name=f"gelu(approximate='none') {shape}",
+    )
 
 
 @given(data=st.data(), shape=shapes())
 def test_gelu_tanh(data, shape):
     x = data.draw(arrays(shape, lo=-5.0, hi=5.0))
     c = math.sqrt(2 / math.pi)
-    check_op(lambda t: F.gelu(t, approximate="tanh"),
-             lambda a: 0.5 * a * (1 + np.tanh(c * (a + 0.044715 * a**3))), x,
-             name=f"gelu(approximate='tanh') {shape}")
+    check_op(
+        lambda t: F.gelu(t, approximate="tanh"),
+        lambda a: 0.5 * a * (1 + np.tanh(c * (a + 0.044715 * a**3))),
+        x,
+        name=f"gelu(approximate='tanh') {shape}",
+    )
 
 
 def test_gelu_exact_float32_against_math_erf():
@@ -670,8 +775,12 @@ def test_dropout_mask_statistics_and_gradient(p):
     out = y.numpy()
     kept = out != 0
     assert abs(1 - kept.mean() - p) < 0.01, f"dropout p={p}: dropped fraction {1 - kept.mean()}"
-    assert_close(out[kept], np.full(kept.sum(), 1 / (1 - p), np.float32), rtol=1e-6,
-                 what="kept values scaled by 1/(1-p)")
+    assert_close(
+        out[kept],
+        np.full(kept.sum(), 1 / (1 - p), np.float32),
+        rtol=1e-6,
+        what="kept values scaled by 1/(1-p)",
+    )
     g = rs.standard_normal(out.shape).astype(np.float32)
     y.backward(g)
     assert_close(x.grad.numpy(), g * out, rtol=1e-6, what="dropout gradient = same mask")
@@ -703,8 +812,13 @@ def test_linear(xshape, bias):
     if bias:
         check_op(F.linear, lambda a, ww, bb: a @ ww.T + bb, x, w, b, name=f"linear {xshape}")
     else:
-        check_op(lambda a, ww: F.linear(a, ww), lambda a, ww: a @ ww.T, x, w,
-                 name=f"linear {xshape} no bias")
+        check_op(
+            lambda a, ww: F.linear(a, ww),
+            lambda a, ww: a @ ww.T,
+            x,
+            w,
+            name=f"linear {xshape} no bias",
+        )
 
 
 def test_linear_shape_error():
@@ -712,8 +826,15 @@ def test_linear_shape_error():
         F.linear(tg.zeros(2, 3), tg.zeros(4, 5))
 
 
-@pytest.mark.parametrize("idx", [np.array([3, 3, 3]), np.array([[0, 4], [4, 1]]), np.array(2),
-                                 np.array([1, 0, 1, 2, 2], dtype=np.int32)])
+@pytest.mark.parametrize(
+    "idx",
+    [
+        np.array([3, 3, 3]),
+        np.array([[0, 4], [4, 1]]),
+        np.array(2),
+        np.array([1, 0, 1, 2, 2], dtype=np.int32),
+    ],
+)
 def test_embedding(idx):
     w = randn(5, 3)
     check_op(lambda t: F.embedding(idx, t), lambda a: a[idx], w, name=f"embedding {idx.shape}")
@@ -748,8 +869,10 @@ def np_cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("lshape,tshape", [((4, 3), (4,)), ((2, 3, 2), (2, 2)), ((1, 4), (1,)),
-                                           ((2, 3, 2, 2), (2, 2, 2))])
+@pytest.mark.parametrize(
+    "lshape,tshape",
+    [((4, 3), (4,)), ((2, 3, 2), (2, 2)), ((1, 4), (1,)), ((2, 3, 2, 2), (2, 2, 2))],
+)
 @pytest.mark.parametrize("ignore", [False, True])
 def test_cross_entropy(reduction, lshape, tshape, ignore):
     c = lshape[1]
@@ -760,16 +883,22 @@ def test_cross_entropy(reduction, lshape, tshape, ignore):
         if t.size == 1:
             t.reshape(-1)[0] = 1
     kw = {"ignore_index": -1} if ignore else {}
-    check_op(lambda a: F.cross_entropy(a, tg.tensor(t), reduction=reduction, **kw),
-             lambda a: np_cross_entropy(a, t, kw.get("ignore_index", -100), reduction), x,
-             name=f"cross_entropy {lshape} target {tshape} {reduction} ignore={ignore}")
+    check_op(
+        lambda a: F.cross_entropy(a, tg.tensor(t), reduction=reduction, **kw),
+        lambda a: np_cross_entropy(a, t, kw.get("ignore_index", -100), reduction),
+        x,
+        name=f"cross_entropy {lshape} target {tshape} {reduction} ignore={ignore}",
+    )
 
 
 def test_cross_entropy_1d_logits():
     x, t = randn(4), np.array(2)
     check_op(lambda a: F.cross_entropy(a, t), lambda a: np_cross_entropy(a, t), x)
-    check_op(lambda a: F.cross_entropy(a, t, reduction="none"),
-             lambda a: np_cross_entropy(a, t, reduction="none").reshape(()), x)
+    check_op(
+        lambda a: F.cross_entropy(a, t, reduction="none"),
+        lambda a: np_cross_entropy(a, t, reduction="none").reshape(()),
+        x,
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -847,16 +976,27 @@ def test_sdpa(case):
         mask[:, 0] = True  # every query keeps a key
     elif mask_kind == "float":
         mask = rs.standard_normal((L, S))
-    check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask,
-                                                            is_causal=is_causal),
-             lambda a, b, c: np_attention(a, b, c, mask, is_causal), q, k, v,
-             name=f"sdpa {case} q{qshape} k{kshape}")
+    check_op(
+        lambda a, b, c: F.scaled_dot_product_attention(
+            a, b, c, attn_mask=mask, is_causal=is_causal
+        ),
+        lambda a, b, c: np_attention(a, b, c, mask, is_causal),
+        q,
+        k,
+        v,
+        name=f"sdpa {case} q{qshape} k{kshape}",
+    )
 
 
 def test_sdpa_scale():
     q, k, v = randn(1, 3, 2), randn(1, 3, 2), randn(1, 3, 2)
-    check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.3),
-             lambda a, b, c: np_attention(a, b, c, scale=0.3), q, k, v)
+    check_op(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.3),
+        lambda a, b, c: np_attention(a, b, c, scale=0.3),
+        q,
+        k,
+        v,
+    )
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
@@ -864,9 +1004,14 @@ def test_sdpa_fully_masked_row_gives_zeros(mask_kind):
     q, k, v = randn(1, 3, 2), randn(1, 3, 2), randn(1, 3, 2)
     allowed = np.array([[True, True, False], [False, False, False], [True, False, True]])
     mask = allowed if mask_kind == "bool" else np.where(allowed, 0.0, -np.inf)
-    out = check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask),
-                   lambda a, b, c: np_attention(a, b, c, allowed), q, k, v,
-                   name=f"sdpa fully masked row ({mask_kind})")
+    out = check_op(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask),
+        lambda a, b, c: np_attention(a, b, c, allowed),
+        q,
+        k,
+        v,
+        name=f"sdpa fully masked row ({mask_kind})",
+    )
     assert np.all(out.numpy()[0, 1] == 0) and np.all(np.isfinite(out.numpy()))
 
 

@@ -15,14 +15,20 @@ T = rng.integers(0, 24, 35)
 
 CASES = {
     "gelu": lambda: F.gelu(tg.tensor(X, requires_grad=True), "tanh"),
-    "layer_norm": lambda: F.layer_norm(tg.tensor(X, requires_grad=True), 24,
-                                       tg.tensor(W, requires_grad=True),
-                                       tg.tensor(B, requires_grad=True)),
+    "layer_norm": lambda: F.layer_norm(
+        tg.tensor(X, requires_grad=True),
+        24,
+        tg.tensor(W, requires_grad=True),
+        tg.tensor(B, requires_grad=True),
+    ),
     "softmax": lambda: F.softmax(tg.tensor(X, requires_grad=True), dim=-1),
     "cross_entropy": lambda: F.cross_entropy(tg.tensor(X.reshape(35, 24), requires_grad=True), T),
     "attention": lambda: F.scaled_dot_product_attention(
-        tg.tensor(Q, requires_grad=True), tg.tensor(K, requires_grad=True),
-        tg.tensor(V, requires_grad=True), is_causal=True),
+        tg.tensor(Q, requires_grad=True),
+        tg.tensor(K, requires_grad=True),
+        tg.tensor(V, requires_grad=True),
+        is_causal=True,
+    ),
 }
 
 

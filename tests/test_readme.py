@@ -13,15 +13,21 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-          if b.startswith("import")]
+BLOCKS = [
+    b
+    for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    if b.startswith("import")
+]
 NUMBER = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"
 
 
 def claims(code: str) -> list[str]:
     """The trailing comment of each line that prints."""
-    return [m.group(1).strip() for line in code.splitlines()
-            if line.lstrip().startswith("print(") and (m := re.search(r"\)\s+#\s*(.*)$", line))]
+    return [
+        m.group(1).strip()
+        for line in code.splitlines()
+        if line.lstrip().startswith("print(") and (m := re.search(r"\)\s+#\s*(.*)$", line))
+    ]
 
 
 def check(claim: str, line: str) -> None:

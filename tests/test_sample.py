@@ -18,15 +18,44 @@ from gpt.config import GPTConfig
 from gpt.model import GPT
 from gpt.tokenizer import BPETokenizer
 
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
-        "--batch-size", "4", "--eval-iters", "2", "--no-sample"]
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "2",
+    "--no-sample",
+]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     rnd = random.Random(1)
-    words = ["to", "be", "or", "not", "that", "is", "the", "question", "whether", "tis", "nobler", "in", "the", "mind", "café"]
+    words = [
+        "to",
+        "be",
+        "or",
+        "not",
+        "that",
+        "is",
+        "the",
+        "question",
+        "whether",
+        "tis",
+        "nobler",
+        "in",
+        "the",
+        "mind",
+        "café",
+    ]
     text = "\n".join(" ".join(rnd.choice(words) for _ in range(10)) for _ in range(100))
     (d / "text.txt").write_text(text + "\n")
     cache = tmp_path_factory.mktemp("cache")
@@ -38,8 +67,22 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run_dir(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    assert train.main(["--data", str(corpus), "--out-dir", str(out), *TINY, "--max-iters", "4",
-                       "--eval-interval", "2"]) == 0
+    assert (
+        train.main(
+            [
+                "--data",
+                str(corpus),
+                "--out-dir",
+                str(out),
+                *TINY,
+                "--max-iters",
+                "4",
+                "--eval-interval",
+                "2",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -50,8 +93,17 @@ def sample_main(capsys, *argv):
 
 
 def test_sample_from_run_streams_prompt_and_samples(run_dir, capsys):
-    code, out, err = sample_main(capsys, "--out-dir", str(run_dir), "--prompt", "to be",
-                                 "--num-samples", "2", "--max-new-tokens", "30")
+    code, out, err = sample_main(
+        capsys,
+        "--out-dir",
+        str(run_dir),
+        "--prompt",
+        "to be",
+        "--num-samples",
+        "2",
+        "--max-new-tokens",
+        "30",
+    )
     assert code == 0, err
     first, second = out.split("\n---------------\n")
     assert first.startswith("to be") and second.startswith("to be")
@@ -72,26 +124,38 @@ def test_sample_is_reproducible_with_seed_and_which_latest(run_dir, capsys):
 def test_prompt_file(run_dir, tmp_path, capsys):
     f = tmp_path / "p.txt"
     f.write_text("whether")
-    code, out, _ = sample_main(capsys, "--out-dir", str(run_dir), "--prompt-file", str(f),
-                               "--max-new-tokens", "5", "--num-samples", "1")
+    code, out, _ = sample_main(
+        capsys,
+        "--out-dir",
+        str(run_dir),
+        "--prompt-file",
+        str(f),
+        "--max-new-tokens",
+        "5",
+        "--num-samples",
+        "1",
+    )
     assert code == 0 and out.startswith("whether")
 
 
-@pytest.mark.parametrize("args", [
-    ["--num-samples", "0"],
-    ["--max-new-tokens", "-1"],
-    ["--temperature", "-0.5"],
-    ["--top-k", "-3"],
-    ["--top-p", "0"],
-    ["--top-p", "1.5"],
-    ["--which", "worst"],
-    ["--prompt", "a", "--prompt-file", "b"],
-    ["--init-from", "/no/such/gpt2"],
-    ["--out-dir", "/no/such/run"],
-    ["--out-dir", "x", "--init-from", "y"],
-    ["--prompt-file", "/no/such/prompt.txt"],
-    ["--bogus"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--num-samples", "0"],
+        ["--max-new-tokens", "-1"],
+        ["--temperature", "-0.5"],
+        ["--top-k", "-3"],
+        ["--top-p", "0"],
+        ["--top-p", "1.5"],
+        ["--which", "worst"],
+        ["--prompt", "a", "--prompt-file", "b"],
+        ["--init-from", "/no/such/gpt2"],
+        ["--out-dir", "/no/such/run"],
+        ["--out-dir", "x", "--init-from", "y"],
+        ["--prompt-file", "/no/such/prompt.txt"],
+        ["--bogus"],
+    ],
+)
 def test_bad_flags_one_line_exit_2(run_dir, capsys, args):
     if "--out-dir" not in args and "--init-from" not in args:
         args = ["--out-dir", str(run_dir), *args]
@@ -139,8 +203,9 @@ def test_stream_stops_at_endoftext_and_flushes_a_dangling_byte():
     tok = BPETokenizer.train("plain ascii text only", 260)
     ids = [tok._byte_ids[b] for b in b"ab"] + [tok._byte_ids[0xC3]]  # 'Ã' cut short
     out = _Chunks()
-    got = sample.stream_sample(_ScriptedModel([*ids, tok.eot_token_id, ids[0]]), tok,
-                               [tok.eot_token_id], 10, out=out)
+    got = sample.stream_sample(
+        _ScriptedModel([*ids, tok.eot_token_id, ids[0]]), tok, [tok.eot_token_id], 10, out=out
+    )
     assert got == "ab\ufffd" and out.getvalue() == "ab\ufffd"
 
 
@@ -151,8 +216,9 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 def write_hf_dir(path, tok, block_size=32):
     """A tiny GPT-2 in HuggingFace layout: config.json, model.safetensors (Conv1D weights as
     (in, out)), vocab.json and merges.txt."""
-    config = GPTConfig(block_size=block_size, vocab_size=tok.vocab_size, n_layer=1, n_head=2,
-                       n_embd=16)
+    config = GPTConfig(
+        block_size=block_size, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16
+    )
     model = GPT(config)
     weights = {}
     for name, w in model.state_dict().items():
@@ -162,9 +228,18 @@ def write_hf_dir(path, tok, block_size=32):
         weights[name] = np.ascontiguousarray(w.T if name.endswith(_CONV1D) else w)
     path.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
-        "vocab_size": tok.vocab_size, "n_positions": block_size, "n_layer": 1, "n_head": 2,
-        "n_embd": 16, "activation_function": "gelu_new"}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "vocab_size": tok.vocab_size,
+                "n_positions": block_size,
+                "n_layer": 1,
+                "n_head": 2,
+                "n_embd": 16,
+                "activation_function": "gelu_new",
+            }
+        )
+    )
     tok.save(path)
     return model
 
@@ -178,25 +253,65 @@ def hf_dir(corpus, tmp_path_factory):
 
 
 def test_sample_init_from_gpt2_dir(hf_dir, capsys):
-    code, out, err = sample_main(capsys, "--init-from", str(hf_dir), "--prompt", "to be",
-                                 "--max-new-tokens", "8", "--num-samples", "1")
+    code, out, err = sample_main(
+        capsys,
+        "--init-from",
+        str(hf_dir),
+        "--prompt",
+        "to be",
+        "--max-new-tokens",
+        "8",
+        "--num-samples",
+        "1",
+    )
     assert code == 0, err
     assert out.startswith("to be")
 
 
 def test_finetune_init_from_then_sample(hf_dir, corpus, tmp_path, capsys):
     out = tmp_path / "ft"
-    code = train.main(["--init-from", str(hf_dir), "--data", str(corpus), "--out-dir", str(out),
-                       "--block-size", "16", "--dropout", "0.1", "--batch-size", "2",
-                       "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1",
-                       "--lr", "1e-4", "--sample-tokens", "5"])
+    code = train.main(
+        [
+            "--init-from",
+            str(hf_dir),
+            "--data",
+            str(corpus),
+            "--out-dir",
+            str(out),
+            "--block-size",
+            "16",
+            "--dropout",
+            "0.1",
+            "--batch-size",
+            "2",
+            "--max-iters",
+            "2",
+            "--eval-interval",
+            "2",
+            "--eval-iters",
+            "1",
+            "--lr",
+            "1e-4",
+            "--sample-tokens",
+            "5",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     model, tok, ckpt, _ = rc.load_model(out, "latest")
     assert ckpt["tokenizer"]["type"] == "bpe" and tok.vocab_size == 300
     assert model.config.block_size == 16 and model.config.dropout == 0.1
-    code, text, _ = sample_main(capsys, "--out-dir", str(out), "--prompt", "is",
-                                "--max-new-tokens", "5", "--num-samples", "1")
+    code, text, _ = sample_main(
+        capsys,
+        "--out-dir",
+        str(out),
+        "--prompt",
+        "is",
+        "--max-new-tokens",
+        "5",
+        "--num-samples",
+        "1",
+    )
     assert code == 0 and text.startswith("is")
     # the fine-tuned run resumes like any other
     assert train.main(["--resume", "--out-dir", str(out), "--max-iters", "3"]) == 0

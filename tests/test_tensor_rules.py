@@ -83,10 +83,16 @@ def test_view_of_non_contiguous_raises_pytorchs_error_and_reshape_copies():
 def test_in_place_write_through_a_view_of_a_leaf_that_requires_grad_raises():
     x = tg.randn(4, 3, requires_grad=True)
     before = x.numpy().copy()
-    for write in (lambda v: v.__iadd__(1), lambda v: v.mul_(2), lambda v: v.zero_(),
-                  lambda v: v.fill_(1.0), lambda v: v.copy_(tg.ones(2, 3)),
-                  lambda v: v.masked_fill_(tg.ones(2, 3, dtype=tg.bool_), 0.0),
-                  lambda v: v.normal_(), lambda v: v.__setitem__(0, 5.0)):
+    for write in (
+        lambda v: v.__iadd__(1),
+        lambda v: v.mul_(2),
+        lambda v: v.zero_(),
+        lambda v: v.fill_(1.0),
+        lambda v: v.copy_(tg.ones(2, 3)),
+        lambda v: v.masked_fill_(tg.ones(2, 3, dtype=tg.bool_), 0.0),
+        lambda v: v.normal_(),
+        lambda v: v.__setitem__(0, 5.0),
+    ):
         with pytest.raises(RuntimeError, match="leaf|autograd"):
             write(x[0:2])
     np.testing.assert_array_equal(x.numpy(), before)  # and x is unchanged
@@ -97,8 +103,14 @@ def test_in_place_write_through_a_view_of_a_leaf_that_requires_grad_raises():
 
 def test_in_place_on_a_leaf_that_requires_grad_raises_each_way():
     x = tg.randn(3, requires_grad=True)
-    for write in (lambda: x.__iadd__(1), lambda: x.zero_(), lambda: x.fill_(2.0),
-                  lambda: x.copy_(tg.ones(3)), lambda: x.normal_(), lambda: x.uniform_()):
+    for write in (
+        lambda: x.__iadd__(1),
+        lambda: x.zero_(),
+        lambda: x.fill_(2.0),
+        lambda: x.copy_(tg.ones(3)),
+        lambda: x.normal_(),
+        lambda: x.uniform_(),
+    ):
         with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
             write()
 
@@ -156,9 +168,13 @@ def test_setitem_and_copy_are_recorded():
 def test_constant_fills_of_a_non_leaf_stop_its_gradient(fill):
     x = tg.tensor([1.0, -2.0, 3.0], requires_grad=True)
     y = x * 2
-    {"zero_": lambda: y.zero_(), "fill_": lambda: y.fill_(1.0),
-     "masked_fill_": lambda: y.masked_fill_(tg.tensor([True, True, True]), 0.0),
-     "clamp_": lambda: y.clamp_(10.0, 20.0), "copy_": lambda: y.copy_(tg.ones(3))}[fill]()
+    {
+        "zero_": lambda: y.zero_(),
+        "fill_": lambda: y.fill_(1.0),
+        "masked_fill_": lambda: y.masked_fill_(tg.tensor([True, True, True]), 0.0),
+        "clamp_": lambda: y.clamp_(10.0, 20.0),
+        "copy_": lambda: y.copy_(tg.ones(3)),
+    }[fill]()
     (y * x).sum().backward()  # only the direct use of x is left
     np.testing.assert_allclose(x.grad.numpy(), y.numpy())
 

@@ -39,8 +39,12 @@ class SelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.flash = config.n_head, config.n_embd, flash
-        self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size))
-                             .view(1, 1, config.block_size, config.block_size))
+        self.register_buffer(
+            "bias",
+            torch.tril(torch.ones(config.block_size, config.block_size)).view(
+                1, 1, config.block_size, config.block_size
+            ),
+        )
 
     def forward(self, x):
         B, T, C = x.size()
@@ -49,8 +53,9 @@ class SelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
-                                               is_causal=True)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True
+            )
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
@@ -89,13 +94,15 @@ class TinyGPT(nn.Module):
     def __init__(self, config, flash=True):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, flash) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, flash) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -124,8 +131,9 @@ class TinyGPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                   ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1
+            )
         else:
             logits = self.lm_head(x[:, [-1], :])
             loss = None
@@ -147,8 +155,9 @@ class TinyGPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         for _ in range(max_new_tokens):
-            idx_cond = idx if idx.size(1) <= self.config.block_size else \
-                idx[:, -self.config.block_size:]
+            idx_cond = (
+                idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
+            )
             logits, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
@@ -171,11 +180,13 @@ def get_lr(it, warmup_iters=2, lr_decay_iters=30, learning_rate=1e-2, min_lr=1e-
 
 def get_batch(data, block_size, batch_size, device):
     ix = torch.randint(len(data) - block_size, (batch_size,))
-    x = torch.stack([torch.from_numpy((data[i:i + block_size]).astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + block_size]).astype(np.int64))
-                     for i in ix])
-    return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device,
-                                                                             non_blocking=True)
+    x = torch.stack([torch.from_numpy((data[i : i + block_size]).astype(np.int64)) for i in ix])
+    y = torch.stack(
+        [torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)) for i in ix]
+    )
+    return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
+        device, non_blocking=True
+    )
 
 
 def test_nanogpt_style_model_trains_samples_and_checkpoints(tmp_path, capsys):
@@ -215,10 +226,16 @@ def test_nanogpt_style_model_trains_samples_and_checkpoints(tmp_path, capsys):
 
     # the causal-mask buffer: in the state dict, moves with .to, loads back
     sd = model.state_dict()
-    assert "transformer.h.0.attn.bias" in sd and isinstance(sd["transformer.h.0.attn.bias"],
-                                                            torch.Tensor)
-    checkpoint = {"model": sd, "optimizer": optimizer.state_dict(), "iter_num": 30,
-                  "best_val_loss": 1.5, "config": {"n_layer": 2, "betas": (0.9, 0.95)}}
+    assert "transformer.h.0.attn.bias" in sd and isinstance(
+        sd["transformer.h.0.attn.bias"], torch.Tensor
+    )
+    checkpoint = {
+        "model": sd,
+        "optimizer": optimizer.state_dict(),
+        "iter_num": 30,
+        "best_val_loss": 1.5,
+        "config": {"n_layer": 2, "betas": (0.9, 0.95)},
+    }
     torch.save(checkpoint, tmp_path / "ckpt.pt")
     ck = torch.load(tmp_path / "ckpt.pt", map_location=device)
     assert ck["iter_num"] == 30 and ck["config"]["betas"] == (0.9, 0.95)
@@ -319,8 +336,11 @@ INITS = {
     "constant_": (lambda t: nn.init.constant_(t, 0.25), 0.25, 0.0),
     "xavier_uniform_": (nn.init.xavier_uniform_, 0.0, math.sqrt(2 / (200 + 300))),
     "xavier_normal_": (nn.init.xavier_normal_, 0.0, math.sqrt(2 / (200 + 300))),
-    "kaiming_uniform_": (lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)), 0.0,
-                         math.sqrt(2 / 6) / math.sqrt(300)),
+    "kaiming_uniform_": (
+        lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)),
+        0.0,
+        math.sqrt(2 / 6) / math.sqrt(300),
+    ),
     "trunc_normal_": (lambda t: nn.init.trunc_normal_(t, std=0.02, a=-0.04, b=0.04), 0.0, None),
 }
 
@@ -425,34 +445,37 @@ def test_module_level_functions_are_the_methods():
     np.testing.assert_allclose(torch.rsqrt(x.abs()).numpy(), 1 / np.sqrt(np.abs(x.numpy())))
     np.testing.assert_allclose(torch.log(x.abs()).numpy(), np.log(np.abs(x.numpy())))
     np.testing.assert_allclose(torch.pow(x, 2).numpy(), x.numpy() ** 2)
-    np.testing.assert_array_equal(torch.clamp(x, min=0.0, max=2.0).numpy(),
-                                  np.clip(x.numpy(), 0, 2))
-    np.testing.assert_array_equal(torch.maximum(x, torch.zeros(2, 2)).numpy(),
-                                  np.maximum(x.numpy(), 0))
-    np.testing.assert_array_equal(torch.minimum(x, torch.zeros(2, 2)).numpy(),
-                                  np.minimum(x.numpy(), 0))
+    np.testing.assert_array_equal(
+        torch.clamp(x, min=0.0, max=2.0).numpy(), np.clip(x.numpy(), 0, 2)
+    )
+    np.testing.assert_array_equal(
+        torch.maximum(x, torch.zeros(2, 2)).numpy(), np.maximum(x.numpy(), 0)
+    )
+    np.testing.assert_array_equal(
+        torch.minimum(x, torch.zeros(2, 2)).numpy(), np.minimum(x.numpy(), 0)
+    )
     np.testing.assert_allclose(torch.softmax(x, dim=-1).numpy(), F.softmax(x, -1).numpy())
     np.testing.assert_array_equal(torch.tril(x).numpy(), np.tril(x.numpy()))
     np.testing.assert_array_equal(torch.ones_like(x).numpy(), np.ones((2, 2)))
     a, b = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
     np.testing.assert_allclose(torch.bmm(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
     np.testing.assert_allclose(torch.matmul(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
-    np.testing.assert_allclose(torch.einsum("bij,bjk->bik", a, b).numpy(),
-                               a.numpy() @ b.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        torch.einsum("bij,bjk->bik", a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5
+    )
 
 
 def test_tensor_methods():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    np.testing.assert_array_equal(x.index_select(1, torch.tensor([2, 0])).numpy(),
-                                  [[3, 1], [6, 4]])
+    np.testing.assert_array_equal(x.index_select(1, torch.tensor([2, 0])).numpy(), [[3, 1], [6, 4]])
     np.testing.assert_allclose(x.norm().item(), np.linalg.norm(x.numpy()), rtol=1e-6)
-    np.testing.assert_allclose(x.norm(dim=1).numpy(), np.linalg.norm(x.numpy(), axis=1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(x.norm(dim=1).numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
     rows = x.unbind(0)
     assert len(rows) == 2 and rows[1].tolist() == [4, 5, 6]
     np.testing.assert_array_equal(
         torch.zeros(2, 3).scatter_add(1, torch.tensor([[0, 0, 2], [1, 1, 1]]), x).numpy(),
-        [[3, 0, 3], [0, 15, 0]])
+        [[3, 0, 3], [0, 15, 0]],
+    )
     assert (x // 2).tolist() == [[0, 1, 1], [2, 2, 3]]
     y = torch.zeros(2, 3)
     y.copy_(x)
@@ -462,8 +485,7 @@ def test_tensor_methods():
     assert (y == 2.5).all()
     torch.manual_seed(0)
     assert y.normal_(0.0, 1.0).numpy().std() > 0 and y.uniform_(2, 3).numpy().min() >= 2
-    np.testing.assert_allclose(x.std(dim=1, correction=0).numpy(), x.numpy().std(axis=1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(x.std(dim=1, correction=0).numpy(), x.numpy().std(axis=1), rtol=1e-6)
     np.testing.assert_allclose(x.var(correction=1).item(), x.numpy().var(ddof=1), rtol=1e-6)
     assert f"{x.sum():.1f}" == "21.0" and f"{torch.tensor(3)}" == "3"
     s = x.size()
@@ -474,14 +496,14 @@ def test_tensor_methods():
 def test_functional_and_loss_modules():
     x = torch.randn(4, 5)
     t = torch.tensor([0, 3, 1, 4])
-    np.testing.assert_allclose(F.silu(x).numpy(), x.numpy() / (1 + np.exp(-x.numpy())),
-                               rtol=1e-5)
+    np.testing.assert_allclose(F.silu(x).numpy(), x.numpy() / (1 + np.exp(-x.numpy())), rtol=1e-5)
     np.testing.assert_allclose(nn.SiLU()(x).numpy(), F.silu(x).numpy())
     np.testing.assert_allclose(nn.Tanh()(x).numpy(), np.tanh(x.numpy()), rtol=1e-6)
     np.testing.assert_allclose(nn.Softmax(dim=-1)(x).numpy(), F.softmax(x, -1).numpy())
     assert F.pad(x, (1, 2)).shape == (4, 8) and F.pad(x, (0, 0, 1, 0), value=9.0)[0, 0] == 9
-    np.testing.assert_allclose(F.mse_loss(x, torch.zeros(4, 5)).item(),
-                               (x.numpy() ** 2).mean(), rtol=1e-6)
+    np.testing.assert_allclose(
+        F.mse_loss(x, torch.zeros(4, 5)).item(), (x.numpy() ** 2).mean(), rtol=1e-6
+    )
     ce = nn.CrossEntropyLoss()(x, t)
     np.testing.assert_allclose(ce.item(), F.cross_entropy(x, t).item())
     # label smoothing, against its definition
@@ -507,32 +529,50 @@ GRADS = {
     "clamp min": (lambda x: torch.clamp(x, min=0.1), lambda x: np.maximum(x, 0.1), [A]),
     "maximum": (torch.maximum, np.maximum, [A, B34]),
     "minimum": (torch.minimum, np.minimum, [A, B34]),
-    "gather": (lambda x: x.gather(1, torch.tensor(IDX)),
-               lambda x: np.take_along_axis(x, IDX, 1), [A]),
+    "gather": (
+        lambda x: x.gather(1, torch.tensor(IDX)),
+        lambda x: np.take_along_axis(x, IDX, 1),
+        [A],
+    ),
     "scatter_add": (lambda x, s: x.scatter_add(1, torch.tensor(IDX), s), None, [A, B34]),
-    "index_select": (lambda x: x.index_select(0, torch.tensor([2, 0, 2])),
-                     lambda x: x[[2, 0, 2]], [A]),
+    "index_select": (
+        lambda x: x.index_select(0, torch.tensor([2, 0, 2])),
+        lambda x: x[[2, 0, 2]],
+        [A],
+    ),
     "cumsum": (lambda x: x.cumsum(1), lambda x: np.cumsum(x, 1), [A]),
     "cumsum dim 0": (lambda x: torch.cumsum(x, dim=0), lambda x: np.cumsum(x, 0), [A]),
     "sort values": (lambda x: x.sort(dim=1)[0], lambda x: np.sort(x, 1), [A]),
     "topk values": (lambda x: x.topk(2)[0], lambda x: -np.sort(-x, 1)[:, :2], [A]),
     "norm": (lambda x: x.norm(), np.linalg.norm, [A]),
     "norm dim": (lambda x: x.norm(dim=0), lambda x: np.linalg.norm(x, axis=0), [A]),
-    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5),
-            lambda x: np.pad(x, ((0, 1), (1, 2)), constant_values=0.5), [A]),
+    "pad": (
+        lambda x: F.pad(x, (1, 2, 0, 1), value=0.5),
+        lambda x: np.pad(x, ((0, 1), (1, 2)), constant_values=0.5),
+        [A],
+    ),
     "pad crop": (lambda x: F.pad(x, (-1, 1)), lambda x: np.pad(x[:, 1:], ((0, 0), (0, 1))), [A]),
     "einsum": (lambda x, y: torch.einsum("ij,kj->ik", x, y), lambda x, y: x @ y.T, [A, B34]),
-    "einsum sum": (lambda x, y: torch.einsum("ij,ij->i", x, y), lambda x, y: (x * y).sum(1),
-                   [A, B34]),
+    "einsum sum": (
+        lambda x, y: torch.einsum("ij,ij->i", x, y),
+        lambda x, y: (x * y).sum(1),
+        [A, B34],
+    ),
     "einsum ellipsis": (lambda x: torch.einsum("...j->...", x), lambda x: x.sum(-1), [A]),
     "silu": (F.silu, lambda x: x / (1 + np.exp(-x)), [A]),
     "mse_loss": (F.mse_loss, lambda x, y: ((x - y) ** 2).mean(), [A, B34]),
     "clone": (lambda x: x.clone() * 2, lambda x: x * 2, [A]),
     "unbind": (lambda x: x.unbind(1)[2], lambda x: x[:, 2], [A]),
-    "bmm": (torch.bmm, lambda x, y: x @ y, [rs.standard_normal((2, 3, 4)),
-                                          rs.standard_normal((2, 4, 2))]),
-    "label smoothing": (lambda x: F.cross_entropy(x, torch.tensor([0, 3, 1]),
-                                                  label_smoothing=0.2), None, [A]),
+    "bmm": (
+        torch.bmm,
+        lambda x, y: x @ y,
+        [rs.standard_normal((2, 3, 4)), rs.standard_normal((2, 4, 2))],
+    ),
+    "label smoothing": (
+        lambda x: F.cross_entropy(x, torch.tensor([0, 3, 1]), label_smoothing=0.2),
+        None,
+        [A],
+    ),
 }
 
 
@@ -544,10 +584,18 @@ def test_new_op_gradients(op):
 
 def test_float32_stays_float32_through_the_new_ops():
     x = torch.randn(3, 4, requires_grad=True)
-    outs = [x.clamp(0, 1), torch.maximum(x, x * 2), x.gather(1, torch.tensor(IDX)),
-            x.cumsum(0), x.topk(2)[0], x.norm(), F.pad(x, (1, 1)), F.silu(x),
-            torch.einsum("ij->j", x), F.cross_entropy(x, torch.tensor([0, 1, 2]),
-                                                      label_smoothing=0.1)]
+    outs = [
+        x.clamp(0, 1),
+        torch.maximum(x, x * 2),
+        x.gather(1, torch.tensor(IDX)),
+        x.cumsum(0),
+        x.topk(2)[0],
+        x.norm(),
+        F.pad(x, (1, 1)),
+        F.silu(x),
+        torch.einsum("ij->j", x),
+        F.cross_entropy(x, torch.tensor([0, 1, 2]), label_smoothing=0.1),
+    ]
     for o in outs:
         assert o.dtype == np.float32
     sum(o.sum() for o in outs).backward()
@@ -558,8 +606,14 @@ def test_float32_stays_float32_through_the_new_ops():
 
 
 def test_save_load_round_trip_without_pickle(tmp_path):
-    state = {"w": torch.randn(2, 3), "ids": torch.tensor([1, 2]), "step": 7, "name": "run",
-             "nested": {"a": [1.5, None, torch.ones(1)], 3: "int key"}, "arr": np.zeros(2)}
+    state = {
+        "w": torch.randn(2, 3),
+        "ids": torch.tensor([1, 2]),
+        "step": 7,
+        "name": "run",
+        "nested": {"a": [1.5, None, torch.ones(1)], 3: "int key"},
+        "arr": np.zeros(2),
+    }
     torch.save(state, tmp_path / "s.safetensors")
     raw = (tmp_path / "s.safetensors").read_bytes()
     assert b"pickle" not in raw and raw[:1] != b"\x80"
@@ -603,13 +657,16 @@ def test_gpt_package_surface(capsys):
     ids = np.zeros((1, 8), dtype=np.int64)
     logits, loss = model(ids, targets=ids)
     assert logits.shape[1] == 8 and loss.shape == ()
-    out = subprocess.run([sys.executable, "-m", "gpt"], capture_output=True, text=True,
-                         cwd=ROOT, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gpt"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
     for cmd in ("gpt-train", "gpt-sample", "gpt-explain"):
         assert cmd in out
 
 
 def test_tensorgrad_never_imports_gpt():
-    code = "import sys, tensorgrad; assert not any(m == 'gpt' or m.startswith('gpt.') " \
-           "for m in sys.modules)"
+    code = (
+        "import sys, tensorgrad; assert not any(m == 'gpt' or m.startswith('gpt.') "
+        "for m in sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

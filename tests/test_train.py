@@ -22,9 +22,25 @@ from gpt import run_checkpoint as rc
 from gpt import train
 from gpt.checkpoint import load_arrays
 
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
-        "--batch-size", "4", "--eval-iters", "2", "--dropout", "0.1", "--warmup-iters", "2",
-        "--no-sample"]
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "2",
+    "--dropout",
+    "0.1",
+    "--warmup-iters",
+    "2",
+    "--no-sample",
+]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,7 +49,25 @@ def corpus(tmp_path_factory):
     """A few KB of text in a folder of two .txt files, and a private data cache."""
     d = tmp_path_factory.mktemp("corpus")
     rnd = random.Random(0)
-    words = ["the", "king", "and", "queen", "of", "a", "far", "land", "rode", "out", "at", "dawn", "to", "see", "what", "lay", "beyond"]
+    words = [
+        "the",
+        "king",
+        "and",
+        "queen",
+        "of",
+        "a",
+        "far",
+        "land",
+        "rode",
+        "out",
+        "at",
+        "dawn",
+        "to",
+        "see",
+        "what",
+        "lay",
+        "beyond",
+    ]
     for name in ("a.txt", "b.txt"):
         lines = (" ".join(rnd.choice(words) for _ in range(10)) for _ in range(60))
         (d / name).write_text("\n".join(lines) + "\n")
@@ -82,13 +116,27 @@ def assert_same_steps(a, b):
 
 def test_end_to_end_files_and_no_pickle(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, err = run(corpus, out, "--max-iters", "6", "--eval-interval", "3",
-                            "--sample-tokens", "20", capsys=capsys)
+    code, stdout, err = run(
+        corpus,
+        out,
+        "--max-iters",
+        "6",
+        "--eval-interval",
+        "3",
+        "--sample-tokens",
+        "20",
+        capsys=capsys,
+    )
     assert code == 0, err
     assert "final val loss" in stdout and "--out-dir" in stdout
     names = {p.name for p in out.iterdir()}
-    assert {"ckpt.json", "model-000006.safetensors", "optim-000006.safetensors",
-            "metrics.jsonl", "best"} <= names
+    assert {
+        "ckpt.json",
+        "model-000006.safetensors",
+        "optim-000006.safetensors",
+        "metrics.jsonl",
+        "best",
+    } <= names
     assert not any(n.endswith(".tmp") for n in names)
     for f in out.rglob("*"):
         if f.is_file():
@@ -131,8 +179,10 @@ def test_resume_is_bitwise_exact(corpus, full_run, tmp_path):
 def test_resume_drops_metrics_logged_after_the_checkpoint(corpus, full_run, tmp_path):
     """A run killed between checkpoints logged steps that the resumed run redoes."""
     out = tmp_path / "killed"
-    assert run(corpus, out, "--max-iters", "3", "--eval-interval", "3",
-               "--lr-decay-iters", "6")[0] == 0
+    assert (
+        run(corpus, out, "--max-iters", "3", "--eval-interval", "3", "--lr-decay-iters", "6")[0]
+        == 0
+    )
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"iter": 3, "loss": 9.0}) + "\n" + '{"iter": 4, "lo')  # cut short
     assert train.main(["--resume", "--out-dir", str(out), "--max-iters", "6"]) == 0
@@ -183,7 +233,9 @@ def test_interrupted_checkpoint_write_keeps_previous(corpus, tmp_path, monkeypat
     assert train.main(["--resume", "--out-dir", str(out), "--max-iters", "6"]) == 0
     assert json.loads((out / "ckpt.json").read_text())["iter"] == 6
     assert sorted(p.name for p in out.glob("*.safetensors")) == [
-        "model-000006.safetensors", "optim-000006.safetensors"]
+        "model-000006.safetensors",
+        "optim-000006.safetensors",
+    ]
 
 
 def test_nan_gradient_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
@@ -212,10 +264,23 @@ def test_nan_gradient_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, mon
 def test_signal_subprocess_saves_and_says_how_to_resume(corpus, tmp_path, sig, code):
     out = tmp_path / "sig"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "gpt.train", "--data", str(corpus), "--out-dir", str(out),
-           *TINY, "--max-iters", "100000", "--eval-interval", "20"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpt.train",
+        "--data",
+        str(corpus),
+        "--out-dir",
+        str(out),
+        *TINY,
+        "--max-iters",
+        "100000",
+        "--eval-interval",
+        "20",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:
@@ -238,8 +303,9 @@ def test_signal_subprocess_saves_and_says_how_to_resume(corpus, tmp_path, sig, c
 
 def test_diagnose_logs_and_reports(corpus, tmp_path, capsys):
     out = tmp_path / "diag"
-    code, _, err = run(corpus, out, "--max-iters", "4", "--eval-interval", "2", "--diagnose",
-                       capsys=capsys)
+    code, _, err = run(
+        corpus, out, "--max-iters", "4", "--eval-interval", "2", "--diagnose", capsys=capsys
+    )
     assert code == 0
     assert "DIAGNOSE: all" in err
     diags = [r for r in records(out) if "diag" in r]
@@ -263,9 +329,11 @@ def test_diagnostics_functions_name_dead_params():
     model.transformer.h[1].attn.c_proj.bias.grad.data[:] = 0
     model.transformer.ln_f.weight.grad.data[0] = np.nan
     dead = {r["name"]: r["status"] for r in diagnostics.dead_params(model)}
-    assert dead == {"transformer.h.0.mlp.c_fc.weight": "no grad",
-                    "transformer.h.1.attn.c_proj.bias": "zero",
-                    "transformer.ln_f.weight": "non-finite"}
+    assert dead == {
+        "transformer.h.0.mlp.c_fc.weight": "no grad",
+        "transformer.h.1.attn.c_proj.bias": "zero",
+        "transformer.ln_f.weight": "non-finite",
+    }
     assert "no grad" in diagnostics.format_report(diagnostics.dead_params(model))
     before = diagnostics.snapshot(model)
     model.transformer.wte.weight.data = model.transformer.wte.weight.data * np.float32(1.01)
@@ -284,8 +352,23 @@ def test_config_file_and_flag_precedence(corpus, tmp_path):
 
 def test_grad_accum_and_bpe(corpus, tmp_path):
     out = tmp_path / "bpe"
-    assert run(corpus, out, "--tokenizer", "bpe", "--vocab-size", "300", "--max-iters", "2",
-               "--eval-interval", "2", "--grad-accum", "2")[0] == 0
+    assert (
+        run(
+            corpus,
+            out,
+            "--tokenizer",
+            "bpe",
+            "--vocab-size",
+            "300",
+            "--max-iters",
+            "2",
+            "--eval-interval",
+            "2",
+            "--grad-accum",
+            "2",
+        )[0]
+        == 0
+    )
     ckpt = json.loads((out / "ckpt.json").read_text())
     assert ckpt["tokenizer"]["type"] == "bpe" and ckpt["model_config"]["vocab_size"] <= 300
 
@@ -345,8 +428,20 @@ def test_cli_validation_one_line_exit_2(corpus, tmp_path, capsys):
 def test_block_size_larger_than_the_val_split(corpus, tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("abcdefghij" * 30)  # 300 characters: train 270 tokens, val 30
-    argv = ["--data", str(short), "--out-dir", str(tmp_path / "o"), "--block-size", "64",
-            "--n-layer", "1", "--n-head", "2", "--n-embd", "16"]
+    argv = [
+        "--data",
+        str(short),
+        "--out-dir",
+        str(tmp_path / "o"),
+        "--block-size",
+        "64",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+    ]
     for _ in range(2):  # the first run also says that it prepares the data
         code = train.main(argv)
         err = capsys.readouterr().err.strip()
@@ -362,8 +457,7 @@ def test_resume_refuses_a_different_model(corpus, full_run, capsys):
 
 @pytest.mark.skipif(tg.cuda.is_available(), reason="CuPy is present")
 def test_cuda_without_cupy_is_one_line(corpus, tmp_path, capsys):
-    code = train.main(["--data", str(corpus), "--out-dir", str(tmp_path / "o"), "--device",
-                       "cuda"])
+    code = train.main(["--data", str(corpus), "--out-dir", str(tmp_path / "o"), "--device", "cuda"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "cuda" in err.lower() and len(err.splitlines()) == 1
 
@@ -380,19 +474,49 @@ def test_fine_tune_from_a_gpt2_directory(corpus, tmp_path, capsys):
     tok = BPETokenizer.train(texts, 300)
     src = tmp_path / "gpt2-mini"
     tok.save(src)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2,
-                          n_embd=16))
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16))
     conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # HF stores these as (in, out)
-    arrays = {k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
-              for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    arrays = {
+        k.removeprefix("transformer."): np.ascontiguousarray(v.T if k.endswith(conv1d) else v)
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
     save_file(arrays, str(src / "model.safetensors"))
-    (src / "config.json").write_text(json.dumps(dict(
-        n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=tok.vocab_size,
-        layer_norm_epsilon=1e-5, activation_function="gelu_new")))
+    (src / "config.json").write_text(
+        json.dumps(
+            dict(
+                n_layer=1,
+                n_head=2,
+                n_embd=16,
+                n_positions=32,
+                vocab_size=tok.vocab_size,
+                layer_norm_epsilon=1e-5,
+                activation_function="gelu_new",
+            )
+        )
+    )
     out = tmp_path / "ft"
-    code = train.main(["--data", str(corpus), "--init-from", str(src), "--out-dir", str(out),
-                       "--batch-size", "4", "--block-size", "16", "--max-iters", "3",
-                       "--eval-interval", "3", "--eval-iters", "1", "--no-sample"])
+    code = train.main(
+        [
+            "--data",
+            str(corpus),
+            "--init-from",
+            str(src),
+            "--out-dir",
+            str(out),
+            "--batch-size",
+            "4",
+            "--block-size",
+            "16",
+            "--max-iters",
+            "3",
+            "--eval-interval",
+            "3",
+            "--eval-iters",
+            "1",
+            "--no-sample",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     losses = [r["loss"] for r in step_records(out)]
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)

@@ -98,8 +98,9 @@ def test_dot_path_writes_text(tmp_path, gpt_loss):
     assert (tmp_path / "g.dot").read_text() == dot
 
 
-@pytest.mark.skipif(shutil.which("dot") is None,
-                    reason="Graphviz `dot` is not installed (apt-get install graphviz)")
+@pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz `dot` is not installed (apt-get install graphviz)"
+)
 @pytest.mark.parametrize("suffix, magic", [(".svg", b"<?xml"), (".png", b"\x89PNG")])
 def test_render_with_graphviz(tmp_path, gpt_loss, suffix, magic):
     model, loss = gpt_loss

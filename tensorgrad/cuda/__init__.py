@@ -1,8 +1,8 @@
 """``tensorgrad.cuda``: the GPU side (as ``torch.cuda``), without importing CuPy until asked.
 
-    kernels.py   fused CUDA kernels (CUDA C sources and their CuPy launch wrappers)
-    flash.py     flash attention: tiled online softmax, forward and backward
-    ops.py       those kernels registered for the 'cuda' device, and matmul precision
+kernels.py   fused CUDA kernels (CUDA C sources and their CuPy launch wrappers)
+flash.py     flash attention: tiled online softmax, forward and backward
+ops.py       those kernels registered for the 'cuda' device, and matmul precision
 """
 
 from .. import backend
@@ -22,5 +22,4 @@ def unavailable_reason() -> str | None:
     return CUDA_HINT.format(why=backend.cuda_error() or "CuPy is unavailable")
 
 
-__all__ = ["is_available", "unavailable_reason", "set_matmul_precision",
-           "get_matmul_precision"]
+__all__ = ["is_available", "unavailable_reason", "set_matmul_precision", "get_matmul_precision"]

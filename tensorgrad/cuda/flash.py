@@ -468,9 +468,22 @@ def flash_attention_forward(q, k, v, is_causal: bool, scale: float):
     o = cp.empty((B, H, L, E), cp.float32)
     lse = cp.empty((B, H, L), cp.float32)
     _raw(cfg["HD"], "tg_flash_fwd")(
-        (-(-L // cfg["FWD_BR"]), B * H), (128,),
-        (q4, k4, v4, o, lse, _i32(H), _i32(L), _i32(S), _i32(E), *strides, np.float32(scale),
-         _i32(bool(is_causal))),
+        (-(-L // cfg["FWD_BR"]), B * H),
+        (128,),
+        (
+            q4,
+            k4,
+            v4,
+            o,
+            lse,
+            _i32(H),
+            _i32(L),
+            _i32(S),
+            _i32(E),
+            *strides,
+            np.float32(scale),
+            _i32(bool(is_causal)),
+        ),
     )
     return o.reshape(batch + (L, E)), lse
 

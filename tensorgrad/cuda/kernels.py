@@ -219,6 +219,7 @@ extern "C" __global__ void tg_embedding_backward(
 }
 """
 
+
 def rows_source() -> str:
     return COMMON_SRC + ROWS_SRC
 
@@ -346,9 +347,20 @@ def layer_norm_forward(x, w, b, nd: int, eps: float):
     wa = cp.ascontiguousarray(w).reshape(-1) if w is not None else x2  # x2: never read
     ba = cp.ascontiguousarray(b).reshape(-1) if b is not None else x2
     _raw("tg_ln_forward")(
-        (N,), (_row_threads(C),),
-        (x2, wa, ba, y, mean, rstd, _i32(C), np.float32(eps), _i32(w is not None),
-         _i32(b is not None)),
+        (N,),
+        (_row_threads(C),),
+        (
+            x2,
+            wa,
+            ba,
+            y,
+            mean,
+            rstd,
+            _i32(C),
+            np.float32(eps),
+            _i32(w is not None),
+            _i32(b is not None),
+        ),
     )
     return y.reshape(x.shape), mean, rstd
 
@@ -440,7 +452,8 @@ def embedding_backward(idx, g, wshape):
     starts = cp.flatnonzero(first)
     g2 = cp.ascontiguousarray(g.reshape(n, C), dtype=cp.float32)
     _raw("tg_embedding_backward")(
-        (starts.size,), (128,),
+        (starts.size,),
+        (128,),
         (order, sids, starts, _i32(starts.size), np.int64(n), g2, gw, _i32(C)),
     )
     return gw
@@ -454,8 +467,18 @@ def adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     f = np.float32
     decay = 1 - lr * wd if wd else 1.0
     _elementwise("tg_adamw")(
-        g, f(decay), f(b1), f(1 - b1), f(b2), f(1 - b2), f(math.sqrt(1 - b2**step)), f(eps),
-        f(lr / (1 - b1**step)), x, m, v,
+        g,
+        f(decay),
+        f(b1),
+        f(1 - b1),
+        f(b2),
+        f(1 - b2),
+        f(math.sqrt(1 - b2**step)),
+        f(eps),
+        f(lr / (1 - b1**step)),
+        x,
+        m,
+        v,
     )
 
 
@@ -499,8 +522,15 @@ def gemm_plan(x_shape, x_strides, y_shape, y_strides):
     M, K = x_shape[-2:]
     N = y_shape[-1]
     batch = tuple(np.broadcast_shapes(tuple(x_shape[:-2]), tuple(y_shape[:-2])))
-    plan = {"m": N, "n": M, "k": K, "ldc": N, "stride_c": M * N, "batch": batch,
-            "count": math.prod(batch)}
+    plan = {
+        "m": N,
+        "n": M,
+        "k": K,
+        "ldc": N,
+        "stride_c": M * N,
+        "batch": batch,
+        "count": math.prod(batch),
+    }
     for name, shape, strides in (("a", y_shape, y_strides), ("b", x_shape, x_strides)):
         pad = len(batch) - (len(shape) - 2)
         bshape = (1,) * pad + tuple(shape[:-2])
@@ -545,11 +575,28 @@ def matmul(x, y, precision: str):
     cublas = require_cublas()
     alpha, beta = np.ones((), np.float32), np.zeros((), np.float32)
     cublas.gemmStridedBatchedEx(
-        cp.cuda.device.get_cublas_handle(), plan["op_a"], plan["op_b"],
-        plan["m"], plan["n"], plan["k"], alpha.ctypes.data,
-        y.data.ptr, CUDA_R_32F, plan["lda"], plan["stride_a"],
-        x.data.ptr, CUDA_R_32F, plan["ldb"], plan["stride_b"],
-        beta.ctypes.data, out.data.ptr, CUDA_R_32F, plan["ldc"], plan["stride_c"],
-        plan["count"], CUBLAS_COMPUTE[precision], CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        cp.cuda.device.get_cublas_handle(),
+        plan["op_a"],
+        plan["op_b"],
+        plan["m"],
+        plan["n"],
+        plan["k"],
+        alpha.ctypes.data,
+        y.data.ptr,
+        CUDA_R_32F,
+        plan["lda"],
+        plan["stride_a"],
+        x.data.ptr,
+        CUDA_R_32F,
+        plan["ldb"],
+        plan["stride_b"],
+        beta.ctypes.data,
+        out.data.ptr,
+        CUDA_R_32F,
+        plan["ldc"],
+        plan["stride_c"],
+        plan["count"],
+        CUBLAS_COMPUTE[precision],
+        CUBLAS_GEMM_DEFAULT_TENSOR_OP,
     )
     return out

@@ -23,12 +23,15 @@ from . import kernels as K
 
 def on_gpu(*arrays) -> bool:
     """True when every array is a float32 CuPy array (or None)."""
-    return all(a is None or (backend.is_cupy_array(a) and a.dtype == np.float32)
-               for a in arrays)
+    return all(a is None or (backend.is_cupy_array(a) and a.dtype == np.float32) for a in arrays)
 
 
-@register("softmax", "cuda", name="cuda.softmax",
-          when=lambda x, dim=-1: on_gpu(x) and K.softmax_supported(x, dim))
+@register(
+    "softmax",
+    "cuda",
+    name="cuda.softmax",
+    when=lambda x, dim=-1: on_gpu(x) and K.softmax_supported(x, dim),
+)
 class CudaSoftmax(Function):
     def forward(self, x, dim=-1):
         y = K.softmax_forward(x)  # one CUDA block per row
@@ -40,8 +43,12 @@ class CudaSoftmax(Function):
         return y * (g - (g * y).sum(axis=-1, keepdims=True))
 
 
-@register("cross_entropy", "cuda", name="cuda.cross_entropy",
-          when=lambda x, target, **kw: on_gpu(x) and K.cross_entropy_supported(x))
+@register(
+    "cross_entropy",
+    "cuda",
+    name="cuda.cross_entropy",
+    when=lambda x, target, **kw: on_gpu(x) and K.cross_entropy_supported(x),
+)
 class CudaCrossEntropy(Function):
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
         xp = backend.get_array_module(x)
@@ -60,8 +67,12 @@ class CudaCrossEntropy(Function):
         return K.cross_entropy_backward(x, t, lse, coef), None
 
 
-@register("layer_norm", "cuda", name="cuda.layer_norm",
-          when=lambda x, w, b, **kw: on_gpu(x, w, b) and K.layer_norm_supported(x, w, b))
+@register(
+    "layer_norm",
+    "cuda",
+    name="cuda.layer_norm",
+    when=lambda x, w, b, **kw: on_gpu(x, w, b) and K.layer_norm_supported(x, w, b),
+)
 class CudaLayerNorm(Function):
     def forward(self, x, w, b, nd=1, eps=1e-5):
         y, mean, rstd = K.layer_norm_forward(x, w, b, nd, eps)  # one CUDA block per row
@@ -74,8 +85,12 @@ class CudaLayerNorm(Function):
         return K.layer_norm_backward(g, x, w, mean, rstd, self.nd, self.has_w, self.has_b)
 
 
-@register("gelu", "cuda", name="cuda.gelu",
-          when=lambda x, approximate="tanh": on_gpu(x) and K.gelu_supported(x))
+@register(
+    "gelu",
+    "cuda",
+    name="cuda.gelu",
+    when=lambda x, approximate="tanh": on_gpu(x) and K.gelu_supported(x),
+)
 class CudaGelu(Function):
     def forward(self, x, approximate="tanh"):
         self.approximate = approximate
@@ -86,8 +101,9 @@ class CudaGelu(Function):
         return K.gelu_backward(g, self.saved[0], self.approximate)
 
 
-@register("embedding", "cuda", name="cuda.embedding",
-          when=lambda w, idx: on_gpu(w))  # (Function.apply checks idx is on w's device)
+@register(
+    "embedding", "cuda", name="cuda.embedding", when=lambda w, idx: on_gpu(w)
+)  # (Function.apply checks idx is on w's device)
 class CudaEmbedding(Embedding):
     """The reference's forward; backward: sorted ids, one block per id (deterministic sums)."""
 
@@ -96,9 +112,14 @@ class CudaEmbedding(Embedding):
         return K.embedding_backward(idx, g, self.wshape), None
 
 
-@register("attention", "cuda", name="cuda.flash_attention",
-          when=lambda q, k, v, mask, dropout_p=0.0, **kw: on_gpu(q, k, v)
-          and FA.flash_supported(q, k, v, mask, dropout_p))
+@register(
+    "attention",
+    "cuda",
+    name="cuda.flash_attention",
+    when=lambda q, k, v, mask, dropout_p=0.0, **kw: (
+        on_gpu(q, k, v) and FA.flash_supported(q, k, v, mask, dropout_p)
+    ),
+)
 class FlashAttention(Function):
     """Tiled online softmax: keeps the logsumexp per query, never the (L, S) scores."""
 
@@ -118,8 +139,9 @@ class FlashAttention(Function):
         return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
 
 
-register("adamw", "cuda", name="cuda.adamw",
-         when=lambda x, g, m, v: on_gpu(x, g, m, v))(K.adamw_update)
+register("adamw", "cuda", name="cuda.adamw", when=lambda x, g, m, v: on_gpu(x, g, m, v))(
+    K.adamw_update
+)
 
 
 MATMUL_PRECISIONS = ("highest", "tf32", "bf16")
@@ -139,7 +161,11 @@ def get_matmul_precision() -> str:
     return _precision[0]
 
 
-@register("matmul", "cuda", name="cuda.matmul_tensor_cores",
-          when=lambda x, y: _precision[0] != "highest" and on_gpu(x, y))
+@register(
+    "matmul",
+    "cuda",
+    name="cuda.matmul_tensor_cores",
+    when=lambda x, y: _precision[0] != "highest" and on_gpu(x, y),
+)
 def tensor_core_matmul(x, y):
     return K.matmul(x, y, _precision[0])

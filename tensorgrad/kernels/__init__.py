@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,9 @@ def pick(op: str, device: str, *args, **kwargs):
 def registered(op: str | None = None, device: str | None = None) -> list[Kernel]:
     """Every registered kernel (optionally of one op / device), whether enabled or not."""
     return [
-        k for (o, d), ks in sorted(_registry.items()) for k in ks
+        k
+        for (o, d), ks in sorted(_registry.items())
+        for k in ks
         if (op is None or o == op) and (device is None or d == device)
     ]
 

@@ -16,7 +16,13 @@ import numpy as np
 from ..autograd import Function, unbroadcast
 from ..backend import device_of, rng
 from ..ops.nn import (
-    GELU_C, SQRT_2_OVER_PI, Embedding, causal_mask, check_attention, check_classes, loss_coef,
+    GELU_C,
+    SQRT_2_OVER_PI,
+    Embedding,
+    causal_mask,
+    check_attention,
+    check_classes,
+    loss_coef,
     reduce_losses,
 )
 from . import register
@@ -66,8 +72,12 @@ def softmax_rows_backward(g2, y2, out2, scale=None):
 # ----------------------------------------------------------------------------- softmax family
 
 
-@register("softmax", "cpu", name="cpu.chunked.softmax",
-          when=lambda x, dim=-1: _float(x) and x.ndim > 0 and dim in (-1, x.ndim - 1))
+@register(
+    "softmax",
+    "cpu",
+    name="cpu.chunked.softmax",
+    when=lambda x, dim=-1: _float(x) and x.ndim > 0 and dim in (-1, x.ndim - 1),
+)
 class ChunkedSoftmax(Function):
     def forward(self, x, dim=-1):
         y = np.empty(x.shape, x.dtype)
@@ -82,8 +92,12 @@ class ChunkedSoftmax(Function):
         return gx
 
 
-@register("cross_entropy", "cpu", name="cpu.chunked.cross_entropy",
-          when=lambda x, target, **kw: _float(x) and x.ndim == 2)
+@register(
+    "cross_entropy",
+    "cpu",
+    name="cpu.chunked.cross_entropy",
+    when=lambda x, target, **kw: _float(x) and x.ndim == 2,
+)
 class ChunkedCrossEntropy(Function):
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
         n, c = x.shape
@@ -117,8 +131,11 @@ class ChunkedCrossEntropy(Function):
         p, t, valid = self.saved
         coef = loss_coef(g, valid, self.reduction, p.dtype)
         gx = np.empty_like(p)
-        chunked(lambda i, s, e: np.multiply(p[s:e], coef[s:e, None], out=gx[s:e]),
-                p.shape[0], p.shape[1])
+        chunked(
+            lambda i, s, e: np.multiply(p[s:e], coef[s:e, None], out=gx[s:e]),
+            p.shape[0],
+            p.shape[1],
+        )
         gx[np.arange(p.shape[0]), t] -= coef
         return gx, None
 
@@ -126,8 +143,12 @@ class ChunkedCrossEntropy(Function):
 # ----------------------------------------------------------------------------- normalisation
 
 
-@register("layer_norm", "cpu", name="cpu.chunked.layer_norm",
-          when=lambda x, w, b, nd=1, eps=1e-5: _float(x, w, b) and x.ndim >= nd)
+@register(
+    "layer_norm",
+    "cpu",
+    name="cpu.chunked.layer_norm",
+    when=lambda x, w, b, nd=1, eps=1e-5: _float(x, w, b) and x.ndim >= nd,
+)
 class ChunkedLayerNorm(Function):
     def forward(self, x, w, b, nd=1, eps=1e-5):
         C = math.prod(x.shape[x.ndim - nd :])
@@ -195,8 +216,12 @@ class ChunkedLayerNorm(Function):
 # ----------------------------------------------------------------------------- activations
 
 
-@register("gelu", "cpu", name="cpu.chunked.gelu_tanh",
-          when=lambda x, approximate="tanh": _float(x) and approximate == "tanh")
+@register(
+    "gelu",
+    "cpu",
+    name="cpu.chunked.gelu_tanh",
+    when=lambda x, approximate="tanh": _float(x) and approximate == "tanh",
+)
 class ChunkedGeluTanh(Function):
     """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in place, chunk by chunk; saves only x
     and recomputes tanh in backward (one pass more, one activation less kept)."""
@@ -259,8 +284,12 @@ def _tanh_arg(xs, u):
 # ----------------------------------------------------------------------------- lookup
 
 
-@register("embedding", "cpu", name="cpu.sorted.embedding",
-          when=lambda w, idx: _float(w) and isinstance(idx, np.ndarray))
+@register(
+    "embedding",
+    "cpu",
+    name="cpu.sorted.embedding",
+    when=lambda w, idx: _float(w) and isinstance(idx, np.ndarray),
+)
 class SortedEmbedding(Embedding):
     """The reference's forward; backward sorts the ids and sums runs (add.reduceat), much
     faster than add.at."""
@@ -282,8 +311,12 @@ class SortedEmbedding(Embedding):
 # ----------------------------------------------------------------------------- attention
 
 
-@register("attention", "cpu", name="cpu.inplace.attention",
-          when=lambda q, k, v, mask, **kw: _float(q, k, v))
+@register(
+    "attention",
+    "cpu",
+    name="cpu.inplace.attention",
+    when=lambda q, k, v, mask, **kw: _float(q, k, v),
+)
 class InplaceAttention(Function):
     """The reference's math with the (L, S) scores reused in place for probabilities and
     their gradient, and the row softmax run in chunks."""
@@ -340,8 +373,12 @@ class InplaceAttention(Function):
 ADAMW_CHUNK = 1 << 17  # elements per pass: one chunk's temporaries stay in cache
 
 
-@register("adamw", "cpu", name="cpu.chunked.adamw",
-          when=lambda x, g, m, v: _float(x, g, m, v) and x.flags.c_contiguous)
+@register(
+    "adamw",
+    "cpu",
+    name="cpu.chunked.adamw",
+    when=lambda x, g, m, v: _float(x, g, m, v) and x.flags.c_contiguous,
+)
 def chunked_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     """``optim.adamw_update`` over the flat arrays in cache-sized chunks: the ten
     elementwise passes cost one trip through main memory, and no full-size temporary."""

@@ -260,9 +260,14 @@ def _ce_bwd(x, t, mx, ls, coef, gx):
             gx[i, t[i]] -= k
 
 
-@register("cross_entropy", "cpu", name="cpu.numba.cross_entropy",
-          when=lambda x, target, ignore_index=-100, reduction="mean": _f32(x)
-          and _arr(x).ndim == 2 and _arr(target) is not None and _arr(target).ndim == 1)
+@register(
+    "cross_entropy",
+    "cpu",
+    name="cpu.numba.cross_entropy",
+    when=lambda x, target, ignore_index=-100, reduction="mean": (
+        _f32(x) and _arr(x).ndim == 2 and _arr(target) is not None and _arr(target).ndim == 1
+    ),
+)
 class NumbaCrossEntropy(Function):
     """Cross-entropy of (N, C) float32 logits, one pass per row each way.
 
@@ -336,13 +341,19 @@ def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):
     xa = _arr(x)
-    if xa is None or xa.dtype not in (np.float32, np.float64) or not xa.flags.c_contiguous \
-            or xa.size == 0 or not 1 <= nd <= xa.ndim:
+    if (
+        xa is None
+        or xa.dtype not in (np.float32, np.float64)
+        or not xa.flags.c_contiguous
+        or xa.size == 0
+        or not 1 <= nd <= xa.ndim
+    ):
         return False
     for p in (w, b):
         pa = _arr(p)
-        if p is not None and (pa is None or pa.dtype != xa.dtype
-                              or pa.shape != xa.shape[xa.ndim - nd:]):
+        if p is not None and (
+            pa is None or pa.dtype != xa.dtype or pa.shape != xa.shape[xa.ndim - nd :]
+        ):
             return False
     return True
 
@@ -356,7 +367,7 @@ class NumbaLayerNorm(Function):
     """
 
     def forward(self, x, w, b, nd=1, eps=1e-5):
-        C = math.prod(x.shape[x.ndim - nd:])
+        C = math.prod(x.shape[x.ndim - nd :])
         x2 = x.reshape(-1, C)
         w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
         b1 = np.zeros(C, x.dtype) if b is None else np.ascontiguousarray(b).reshape(C)
@@ -369,7 +380,7 @@ class NumbaLayerNorm(Function):
 
     def backward(self, g):
         x, rstd, w = self.saved
-        C = math.prod(x.shape[x.ndim - self.nd:])
+        C = math.prod(x.shape[x.ndim - self.nd :])
         x2 = x.reshape(-1, C)
         n = x2.shape[0]
         w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
@@ -377,7 +388,7 @@ class NumbaLayerNorm(Function):
         gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
         gx = np.empty_like(x2)
         _run(_ln_bwd, x.size, _contig(g).reshape(n, C), x2, w1, rstd, gx, gw_part, gb_part)
-        wshape = x.shape[x.ndim - self.nd:]
+        wshape = x.shape[x.ndim - self.nd :]
         gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
         gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
         return gx.reshape(x.shape), gw, gb
@@ -419,8 +430,21 @@ def _gelu_tanh_bwd(x, g, gx):
 _R2 = F32(1 / math.sqrt(2.0))
 _R2PI = F32(1 / math.sqrt(2 * math.pi))
 # erfc(z) = t·exp(-z² + poly(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit
-_ERFC = tuple(F32(c) for c in (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-                               0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277))
+_ERFC = tuple(
+    F32(c)
+    for c in (
+        -1.26551223,
+        1.00002368,
+        0.37409196,
+        0.09678418,
+        -0.18628806,
+        0.27886807,
+        -1.13520398,
+        1.48851587,
+        -0.82215223,
+        0.17087277,
+    )
+)
 
 
 @njit(inline="always", fastmath=EXP_FM, cache=True)
@@ -452,8 +476,12 @@ def _gelu_erf_bwd(x, g, gx):
             gx[i] = g[i] * (_phi(xi) + xi * _R2PI * exp32(F32(-0.5) * xi * xi))
 
 
-@register("gelu", "cpu", name="cpu.numba.gelu",
-          when=lambda x, approximate="tanh": _f32(x) and approximate in ("tanh", "none"))
+@register(
+    "gelu",
+    "cpu",
+    name="cpu.numba.gelu",
+    when=lambda x, approximate="tanh": _f32(x) and approximate in ("tanh", "none"),
+)
 class NumbaGelu(Function):
     """GELU of float32 x ('tanh' as x·σ(2u), or 'none'), one pass each way; saves only x."""
 
@@ -493,9 +521,10 @@ def _adamw_when(x, g, m, v, **kw):
     arrays = [_arr(a) for a in (x, g, m, v)]
     if any(a is None for a in arrays):
         return False
-    return (arrays[0].dtype in (np.float32, np.float64)
-            and all(a.dtype == arrays[0].dtype and a.shape == arrays[0].shape
-                    and a.flags.c_contiguous for a in arrays))
+    return arrays[0].dtype in (np.float32, np.float64) and all(
+        a.dtype == arrays[0].dtype and a.shape == arrays[0].shape and a.flags.c_contiguous
+        for a in arrays
+    )
 
 
 # Not registered: measured on the 2-core machine of benchmarks/ (one numba thread), the
@@ -505,9 +534,22 @@ def _adamw_when(x, g, m, v, **kw):
 def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
     t = x.dtype.type
-    _run(_adamw, x.size, x.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
-         t(1 - lr * wd if wd else 1), t(b1), t(1 - b1), t(b2), t(1 - b2),
-         t(math.sqrt(1 - b2**step)), t(eps), t(lr / (1 - b1**step)))
+    _run(
+        _adamw,
+        x.size,
+        x.reshape(-1),
+        g.reshape(-1),
+        m.reshape(-1),
+        v.reshape(-1),
+        t(1 - lr * wd if wd else 1),
+        t(b1),
+        t(1 - b1),
+        t(b2),
+        t(1 - b2),
+        t(math.sqrt(1 - b2**step)),
+        t(eps),
+        t(lr / (1 - b1**step)),
+    )
 
 
-from . import cpu_numba_attention  # noqa: F401  (registers the attention kernel)
+from . import cpu_numba_attention  # noqa: E402, F401  (registers attention; imports this module)

@@ -28,7 +28,15 @@ from numba import njit, prange
 from ..autograd import Function
 from . import register
 from .cpu_numba import (
-    EXP_FM, FM, PARALLEL_MIN, _arr, _rdot, _rmax, _rsum, kernel_threads, threads_for,
+    EXP_FM,
+    FM,
+    PARALLEL_MIN,
+    _arr,
+    _rdot,
+    _rmax,
+    _rsum,
+    kernel_threads,
+    threads_for,
 )
 from .numba_math import exp32
 
@@ -205,9 +213,14 @@ def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
     if any(a is None or a.dtype != np.float32 or a.size == 0 for a in (q, k, v)):
         return False
     # S > Ev: o and lse (L·(Ev + 1) floats) are then smaller than the reference's (L, S) probs
-    return (q.ndim >= 2 and q.ndim == k.ndim == v.ndim
-            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-1] == q.shape[-1]
-            and v.shape[-2] == k.shape[-2] and k.shape[-2] > v.shape[-1])
+    return (
+        q.ndim >= 2
+        and q.ndim == k.ndim == v.ndim
+        and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+        and k.shape[-1] == q.shape[-1]
+        and v.shape[-2] == k.shape[-2]
+        and k.shape[-2] > v.shape[-1]
+    )
 
 
 @register("attention", "cpu", name="cpu.numba.flash_attention", when=_attn_when)

@@ -51,8 +51,17 @@ F32 = np.float32
 _LOG2E = F32(1.44269504088896341)
 _C1 = F32(0.693359375)  # ln2 = C1 + C2, C1 with few bits so that n·C1 is exact
 _C2 = F32(-2.12194440e-4)
-_P = tuple(F32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                            4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+_P = tuple(
+    F32(c)
+    for c in (
+        1.9875691500e-4,
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    )
+)
 EXP_HI = F32(88.72283935546875)  # largest x with a finite float32 e^x
 EXP_LO = F32(-87.33654022216797)  # smallest x with a normal float32 e^x
 EXP_ULP = 1.5  # the bound the test holds exp32 to
@@ -64,7 +73,7 @@ def exp32(x):
     xc = min(max(x, EXP_LO), EXP_HI)
     n = _rint32(xc * _LOG2E)
     r = (xc - n * _C1) - n * _C2
-    p = (((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5])
+    p = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
     y = p * (r * r) + r + F32(1)
     ni = np.int32(n)
     h = ni >> 1

@@ -27,8 +27,9 @@ def calculate_gain(nonlinearity: str, param=None) -> float:
 
 def _fans(tensor) -> tuple[int, int]:
     if tensor.ndim < 2:
-        raise ValueError("fan in and fan out can not be computed for a tensor with fewer than 2 "
-                         "dimensions")
+        raise ValueError(
+            "fan in and fan out can not be computed for a tensor with fewer than 2 dimensions"
+        )
     receptive = 1
     for s in tensor.shape[2:]:
         receptive *= s
@@ -58,8 +59,9 @@ def ones_(tensor):
     return constant_(tensor, 1.0)
 
 
-def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
-                  generator=None):
+def trunc_normal_(
+    tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0, generator=None
+):
     """N(mean, std²) samples, redrawn until they fall inside [a, b] (absolute bounds)."""
     with no_grad():
         tensor.normal_(mean, std, generator=generator)
@@ -91,12 +93,14 @@ def _kaiming_std(tensor, a, mode, nonlinearity):
     return calculate_gain(nonlinearity, a) / math.sqrt(fan_in if mode == "fan_in" else fan_out)
 
 
-def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in",
-                     nonlinearity: str = "leaky_relu", generator=None):
+def kaiming_uniform_(
+    tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", generator=None
+):
     bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
     return uniform_(tensor, -bound, bound, generator=generator)
 
 
-def kaiming_normal_(tensor, a: float = 0.0, mode: str = "fan_in",
-                    nonlinearity: str = "leaky_relu", generator=None):
+def kaiming_normal_(
+    tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", generator=None
+):
     return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator=generator)

@@ -18,7 +18,9 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad: bool = True):
-        super().__init__(data.data if isinstance(data, Tensor) else data, requires_grad=requires_grad)
+        super().__init__(
+            data.data if isinstance(data, Tensor) else data, requires_grad=requires_grad
+        )
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
@@ -37,8 +39,11 @@ class Module:
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
-        if name in self._buffers and (value is None or isinstance(value, Tensor)) \
-                and not isinstance(value, Parameter):
+        if (
+            name in self._buffers
+            and (value is None or isinstance(value, Tensor))
+            and not isinstance(value, Parameter)
+        ):
             self._buffers[name] = value  # self.mask = new_tensor replaces the buffer
             object.__setattr__(self, name, value)
             return
@@ -63,8 +68,9 @@ class Module:
         if "_buffers" not in self.__dict__:
             raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
         if tensor is not None and not isinstance(tensor, Tensor):
-            raise TypeError(f"register_buffer: {name!r} must be a Tensor or None, got "
-                            f"{type(tensor).__name__}")
+            raise TypeError(
+                f"register_buffer: {name!r} must be a Tensor or None, got {type(tensor).__name__}"
+            )
         if hasattr(self, name) and name not in self._buffers:
             raise KeyError(f"register_buffer: attribute {name!r} already exists")
         self._buffers[name] = tensor
@@ -197,9 +203,7 @@ class Module:
         missing = [n for n in own if n not in state]
         unexpected = [n for n in state if n not in own]
         if strict and (missing or unexpected):
-            raise KeyError(
-                f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}"
-            )
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         bad = [
             f"{n}: checkpoint {tuple(np.shape(v))} vs model {p.shape}"
             for n, v in state.items()
@@ -365,7 +369,9 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(rng("cpu").standard_normal((num_embeddings, embedding_dim), dtype=DEFAULT_DTYPE))
+        self.weight = Parameter(
+            rng("cpu").standard_normal((num_embeddings, embedding_dim), dtype=DEFAULT_DTYPE)
+        )
 
     def forward(self, idx):
         return F.embedding(idx, self.weight)
@@ -375,7 +381,13 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+    ):
         super().__init__()
         ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape, self.eps = ns, eps
@@ -462,15 +474,21 @@ class Softmax(Module):
 class CrossEntropyLoss(Module):
     """F.cross_entropy as a module: logits (N, C) or (N, C, d1, ...) against class ids."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0):
+    def __init__(
+        self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0
+    ):
         super().__init__()
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing = label_smoothing
 
     def forward(self, logits, target):
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index,
-                               reduction=self.reduction, label_smoothing=self.label_smoothing)
+        return F.cross_entropy(
+            logits,
+            target,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
 
 
 class MSELoss(Module):

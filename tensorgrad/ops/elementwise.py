@@ -18,7 +18,9 @@ def _check_broadcast(op: str, x, y):
     sx, sy = _shape(x), _shape(y)
     for a, b in zip(reversed(sx), reversed(sy)):
         if a != b and a != 1 and b != 1:
-            raise ValueError(f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together")
+            raise ValueError(
+                f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together"
+            )
 
 
 def _float_of(x, y):

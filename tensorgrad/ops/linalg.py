@@ -91,15 +91,19 @@ def _einsum_spec(equation: str, ndims) -> tuple:
     if len(ins) != len(ndims):
         raise ValueError(f"einsum: {equation!r} names {len(ins)} operands, got {len(ndims)}")
     spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
-    n_ell = max((nd - len(s.replace("...", "")) for s, nd in zip(ins, ndims) if "..." in s),
-                default=0)
+    n_ell = max(
+        (nd - len(s.replace("...", "")) for s, nd in zip(ins, ndims) if "..." in s), default=0
+    )
     ell = "".join(spare[:n_ell])
-    ins = [s.replace("...", ell[len(ell) - (nd - len(s.replace("...", ""))):])
-           for s, nd in zip(ins, ndims)]
+    ins = [
+        s.replace("...", ell[len(ell) - (nd - len(s.replace("...", ""))) :])
+        for s, nd in zip(ins, ndims)
+    ]
     if not arrow:  # implicit output: the letters seen once, sorted, after the ellipsis dims
         letters = "".join(ins)
-        rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1
-                                   and c not in ell))
+        rhs = ell + "".join(
+            sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell)
+        )
     else:
         rhs = rhs.replace("...", ell)
     for s, nd in zip(ins, ndims):

@@ -20,7 +20,9 @@ def resolve_shape(shape, size: int, old_shape) -> tuple:
             known *= s
     if -1 in shape:
         if known == 0 or size % known:
-            raise ValueError(f"view: shape {shape} is invalid for input of shape {tuple(old_shape)}")
+            raise ValueError(
+                f"view: shape {shape} is invalid for input of shape {tuple(old_shape)}"
+            )
         shape = tuple(size // known if s == -1 else s for s in shape)
     elif known != size:
         raise ValueError(f"view: shape {shape} is invalid for input of shape {tuple(old_shape)}")
@@ -99,8 +101,11 @@ def _check_bounds(x, key):
             # the ellipsis covers every dim not consumed by the items after it
             rest = items[pos + 1 :]
             dim = x.ndim - sum(
-                getattr(i, "ndim", 1) if getattr(i, "dtype", None) == bool else 1
-                for i in rest if i is not None
+                getattr(i, "ndim", 1)
+                if getattr(getattr(i, "dtype", None), "kind", "") == "b"
+                else 1
+                for i in rest
+                if i is not None
             )
             continue
         if isinstance(k, int):
@@ -210,8 +215,10 @@ def _along(index, dim: int, xp):
     """The full index tuple that picks ``index`` along ``dim`` (and every position elsewhere),
     for ``xp.add.at`` (which, unlike put_along_axis, adds repeated indices)."""
     nd = index.ndim
-    grid = [xp.arange(n).reshape([n if i == a else 1 for i in range(nd)])
-            for a, n in enumerate(index.shape)]
+    grid = [
+        xp.arange(n).reshape([n if i == a else 1 for i in range(nd)])
+        for a, n in enumerate(index.shape)
+    ]
     grid[dim] = index
     return tuple(grid)
 
@@ -276,8 +283,9 @@ class Pad(Function):
         # undo: pad back what was cropped (with zeros), crop what was padded
         grow = [(max(-a, 0), max(-b, 0)) for a, b in self.widths]
         g = xp.pad(g, grow)
-        keep = tuple(slice(max(a, 0), g.shape[d] - max(b, 0))
-                     for d, (a, b) in enumerate(self.widths))
+        keep = tuple(
+            slice(max(a, 0), g.shape[d] - max(b, 0)) for d, (a, b) in enumerate(self.widths)
+        )
         return g[keep], None
 
 
@@ -322,7 +330,9 @@ class ReadView(Function):
         gb = xp.zeros(self.shape, dtype=g.dtype)
         region = self.get(gb)
         if not xp.may_share_memory(region, gb):
-            raise RuntimeError("backward through a view rewritten in place: the view's region "
-                               "could not be located in its base; use out-of-place ops")
+            raise RuntimeError(
+                "backward through a view rewritten in place: the view's region "
+                "could not be located in its base; use out-of-place ops"
+            )
         region[...] = g
         return gb
