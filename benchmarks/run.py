@@ -344,7 +344,7 @@ def report(R: dict) -> str:
                 "\nglibc malloc: by default it hands freed arrays above a dynamic threshold back "
                 "to the OS, and the next step page-faults them in again. *Tuned* keeps arrays up "
                 f"to 32 MiB and 1 GiB of free heap ({env_txt}; tensorgrad "
-                f"{'applies this itself at import' if tg_tunes else 'does not tune malloc here'}"
+                f"{'applies this with tune_cpu_malloc(), as gpt-train does' if tg_tunes else 'does not tune malloc here'}"
                 "; TG_MALLOC_TUNING=0 gives it glibc's default):\n"
             )
             out.append(

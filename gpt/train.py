@@ -84,7 +84,7 @@ class TrainConfig:
     # optimisation
     batch_size: int = 32
     grad_accum: int = 1  # micro-batches per optimizer step
-    max_iters: int = 3500  # THE run-length knob: about 10 min of char-small on 2 CPU cores
+    max_iters: int = 3500  # THE run-length knob: 10-22 min of char-small on 2 CPU cores
     lr: float = 1e-3
     min_lr: float = 1e-4
     warmup_iters: int = 100

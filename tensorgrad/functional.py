@@ -114,6 +114,11 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
             f"layer_norm: normalized_shape {ns} does not match the input's trailing dims "
             f"{tuple(x.shape)}"
         )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != ns:
+            raise ValueError(
+                f"layer_norm: {name} of shape {tuple(p.shape)} does not match normalized_shape {ns}"
+            )
     return LayerNorm.apply(x, weight, bias, nd=len(ns), eps=eps)
 
 

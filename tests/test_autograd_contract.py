@@ -165,3 +165,28 @@ def test_tensorgrad_never_mentions_gpt():
     for f in root.rglob("*.py"):
         text = f.read_text()
         assert "import gpt" not in text and "from gpt" not in text, f
+
+
+@pytest.mark.parametrize(
+    "call, err, match",
+    [
+        (
+            lambda x: x.split(2, dim=5),
+            IndexError,
+            r"split: Dimension out of range \(expected to be in range of \[-2, 1\], but got 5\)",
+        ),
+        (lambda x: x.transpose(0, 3), IndexError, r"transpose: Dimension out of range"),
+        (lambda x: F.softmax(x, dim=2), IndexError, r"softmax: Dimension out of range"),
+        (lambda x: tg.stack([x, x], dim=4), IndexError, r"stack: Dimension out of range"),
+        (lambda x: x.unsqueeze(3), IndexError, r"unsqueeze: Dimension out of range"),
+        (
+            lambda x: F.layer_norm(x, 4, weight=tg.ones(3)),
+            ValueError,
+            r"layer_norm: weight of shape \(3,\) does not match normalized_shape \(4,\)",
+        ),
+        (lambda x: x.permute(0, 0), ValueError, r"permute"),
+    ],
+)
+def test_bad_dims_and_shapes_name_the_op(call, err, match):
+    with pytest.raises(err, match=match):
+        call(tg.ones(3, 4))
