@@ -24,8 +24,16 @@ class CheckpointError(Exception):
     """A checkpoint is missing, unreadable or does not fit (message says which file)."""
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
+def atomic_write_bytes(path, data) -> None:
+    """Write ``data`` (bytes, str as UTF-8, or any contiguous buffer) to ``path`` so that readers
+    see the old file or the new one, never half of one: the project's one atomic writer.
+
+    A temporary file next to ``path`` is written, flushed and fsynced, renamed over ``path``,
+    and the directory is fsynced so that the rename itself is durable.
+    """
     path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.checkpoint import atomic_write_bytes as atomic_write
 from gpt.tokenizer import (
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
-    atomic_write,
     load_tokenizer_dir,
 )
 

@@ -27,6 +27,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .checkpoint import atomic_write_bytes as atomic_write
+
 EOT = "<|endoftext|>"
 UNK = "<|unk|>"
 
@@ -45,27 +47,6 @@ _WHITE_SPACE = [
     0x205F,
     0x3000,
 ]
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str | memoryview) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never half of one.
-
-    Writes a temporary file next to `path`, flushes and fsyncs it, then renames it over `path`.
-    `str` is written as UTF-8; any buffer (bytes, memoryview, a contiguous ndarray) is written raw.
-    """
-    path = Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 MAX_TOKEN_ID = 1 << 24  # far above any real vocabulary; bounds what a vocab.json can allocate
