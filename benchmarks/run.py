@@ -601,6 +601,10 @@ def plots(R: dict, stem: Path) -> list:
             pts = sorted((v["T"], v["peak_growth_mb"]) for v in steps.values() if v["B"] == 1)
             if pts:
                 ax2.plot(*zip(*pts), style, label=fw)
+        if not (ax1.get_lines() or ax2.get_lines()):  # no lengths measured: no empty plot
+            plt.close(fig)
+            sc = mem = None
+    if sc or mem:
         for ax, title, yl in (
             (ax1, "training step time", "ms / step"),
             (ax2, "memory of one training step", "peak RSS growth, MB"),

@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpt-train",
         argument_default=S,
         description="Train a GPT with tensorgrad. With no arguments: a character-level model "
-        "on the built-in Shakespeare corpus, about 10 minutes on 2 CPU cores, ending with a "
+        "on the built-in Shakespeare corpus, 10 to 25 minutes on 2 CPU cores, ending with a "
         "sample. Checkpoints go to --out-dir; --resume continues a run exactly.",
     )
     g = p.add_argument_group("data")

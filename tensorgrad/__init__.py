@@ -63,7 +63,7 @@ from .ops.dtypes import result_type
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
 
-try:  # compiled CPU kernels, where numba is installed (pip install -e ".[fast]")
+try:  # compiled CPU kernels, where numba is installed (a default dependency)
     from .kernels import cpu_numba  # noqa: F401
 except ImportError:
     cpu_numba = None

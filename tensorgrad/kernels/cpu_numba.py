@@ -1,8 +1,9 @@
 """Compiled CPU kernels (numba): one pass per row for softmax, log-softmax, cross-entropy,
 LayerNorm and GELU, one pass for AdamW, and flash-style attention (``cpu_numba_attention``).
 
-Optional: importing this module raises ImportError without numba (``pip install
-tensorgrad-gpt[fast]``), and registers nothing. Each kernel is a ``Function`` with its own
+numba is a default dependency; where it is missing (no wheel for the platform, or
+uninstalled) importing this module raises ImportError, nothing is registered and the
+pure-NumPy kernels run. Each kernel is a ``Function`` with its own
 forward, backward and saved state, registered for 'cpu' with a predicate that accepts only
 what it handles (NumPy arrays, C-contiguous, float32 where it uses :func:`exp32`, the last
 axis); everything else runs the reference. ``tests/test_kernels_cpu.py`` checks each one
@@ -15,8 +16,8 @@ fused; inf and NaN still propagate as in the reference), and loops that call ``e
 ``contract`` only (see numba_math). Such loops store e^x and sum it in a second, reassociable
 pass over the row, which is still in L1/L2. Compiled code is cached on disk (``cache=True``,
 in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment compiles
-every kernel it meets (about 25-40 s for all of them on a 2-core machine), later processes
-load them (under a second).
+every kernel it meets (a char-small training step: 14.5 s on the 2-core machine of
+benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ PARALLEL_MIN = 1 << 16  # elements below which one thread runs a kernel (waking 
 def kernel_threads() -> int:
     """Threads for the numba kernels: TG_KERNEL_THREADS, default 1.
 
-    One by default because, measured on the 2-core machine of benchmarks/, numba's pool
-    fights OpenBLAS's threads, which are still spinning after each GEMM: a char-small
-    training step took 286 ms with 2 kernel threads, 67 ms with 1 (baby: 1,631 vs 1,202 ms).
+    One by default because, measured on the 2-core machine of benchmarks/, numba's OpenMP
+    pool spins after each kernel and fights OpenBLAS's threads: a char-small training step
+    took 286 ms with 2 kernel threads, 67 ms with 1 (baby: 1,631 vs 1,202 ms). With
+    OMP_WAIT_POLICY=PASSIVE (the pool sleeps at once) 2 threads make the kernels alone
+    1.4-2x faster (``python -m benchmarks.kernels_ab``) but a training step no faster
+    (alternating runs within the machine's noise), so 1 stays the default.
     """
     return max(1, int(os.environ.get("TG_KERNEL_THREADS", "1") or 1))
 

@@ -1,0 +1,27 @@
+"""The benchmark scripts stay runnable: their gpt-train flags are valid and their timing child
+processes run (no timings are checked: a test never measures speed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import recipe, startup
+from gpt.train import resolve_config, validate
+
+
+def test_recipe_flags_are_valid_gpt_train_flags(tmp_path):
+    data = tmp_path / "corpus.txt"
+    data.write_text("to be or not to be, that is the question\n" * 50)
+    c, _, control = resolve_config(recipe.recipe_argv(str(data), str(tmp_path / "out"), 2000))
+    validate(c)
+    assert (c.n_layer, c.n_head, c.n_embd, c.block_size, c.batch_size) == (4, 4, 128, 64, 12)
+    assert (c.lr, c.min_lr, c.warmup_iters, c.beta2, c.dropout) == (1e-3, 1e-4, 100, 0.99, 0.0)
+    assert (c.eval_interval, c.eval_iters, c.max_iters) == (250, 20, 2000)
+    assert control["overwrite"]
+
+
+@pytest.mark.slow
+def test_startup_child_reports_each_phase():
+    r = startup.child("char-small", 1, {"TG_KERNELS": "0"})
+    assert set(r) == {"import_tensorgrad_s", "build_s", "first_step_s", "second_step_s"}
+    assert all(v > 0 for v in r.values())
