@@ -235,3 +235,21 @@ def worker_info(torch_too: bool) -> dict:
         info["torch_blas"] = "mkl" if torch.backends.mkl.is_available() else "other"
         info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return info
+
+
+def git_commit() -> str | None:
+    """The checkout's HEAD commit, or None outside a git checkout."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None

@@ -4,17 +4,23 @@
 
 The recipe (nanoGPT's README, "I only have a macbook"): a 4-layer, 4-head, 128-wide
 character model, block 64, batch 12, 2000 iterations, lr 1e-3 -> 1e-4 with 100 warmup steps,
-beta2 0.99, no dropout, evaluated every 250 steps on 20 batches. Both frameworks train on the
-built-in corpus joined into one file and prepared once by gpt's data pipeline (so data
-preparation is timed by neither), draw the same batches from the same samplers, and start
-from the same weights (PyTorch copies the identically seeded tensorgrad model). tensorgrad
-runs as the real `gpt-train` command in its own process (with its checkpoints, metrics file
-and progress bar); PyTorch runs the same loop in another process (lr schedule, AdamW groups,
-gradient clipping, evaluation, a torch.save of model and optimizer at every evaluation).
+beta2 0.99, no dropout, evaluated every 250 steps on 20 batches. Unlike nanoGPT's run the
+model has biases (gpt's GPT-2 layout) and the built-in corpus gives 86 character ids (its
+shakespeare_char has 65). Both frameworks train on the built-in corpus joined into one file
+and prepared once by gpt's data pipeline (so data preparation is timed by neither), draw the
+same batches from the same samplers, and start from the same weights (PyTorch copies the
+identically seeded tensorgrad model). tensorgrad runs as the real `gpt-train` command in its
+own process, after a one-step warm-up run (so numba compilation is not timed); PyTorch runs
+the same loop in another process (lr schedule, AdamW groups, gradient clipping, evaluation, a
+torch.save of model and optimizer at every evaluation). Both processes tune malloc as
+gpt-train does (tg.tune_cpu_malloc).
 
-Reported per framework: the process's wall time, the training loop's wall time (steps plus
-evaluations and checkpoints), the steps alone (sum of per-step times), and the final val
-loss. Results go to benchmarks/results/recipe-<date>-<time>.json with the machine description.
+Reported per framework: the process's wall time and the steps alone (sum of per-step times:
+batch, forward, loss.item(), backward, clipping, AdamW step), and the final val loss. The
+processes' other work differs: gpt-train also writes fsync'd safetensors checkpoints (and the
+best model again), a metrics line per step and loss.png at each evaluation; the PyTorch process
+imports tensorgrad to build the initial weights. Results go to
+benchmarks/results/recipe-<date>-<time>.json with the machine and versions.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def write_corpus(path: Path) -> None:
 
 
 def _thread_env(n: int) -> dict:
-    env = dict(os.environ)
+    env = dict(os.environ)  # (GPT_CACHE_DIR: the run's own data cache, set by main)
     env.update(OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -58,6 +64,8 @@ def _thread_env(n: int) -> dict:
 
 def run_tensorgrad(argv: list[str], out_dir: Path, threads: int) -> dict:
     """gpt-train itself, in its own process; its metrics.jsonl gives the loop's timings."""
+    from gpt.train import resolve_config
+
     cmd = [sys.executable, "-c", "import sys; from gpt.train import main; sys.exit(main())"]
     t = time.perf_counter()
     done = subprocess.run(
@@ -66,17 +74,16 @@ def run_tensorgrad(argv: list[str], out_dir: Path, threads: int) -> dict:
     wall = time.perf_counter() - t
     if done.returncode:
         sys.exit(f"gpt-train failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    steps_s, loop_s, val = 0.0, 0.0, None
-    tokens = 12 * 64
+    c = resolve_config(argv)[0]
+    tokens = c.batch_size * c.block_size * c.grad_accum
+    steps_s, val = 0.0, None
     for line in (out_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if "tokens_per_s" in r:
-            steps_s += tokens / r["tokens_per_s"]
-            loop_s = r["elapsed_s"]
+            steps_s += tokens / r["tokens_per_s"]  # gpt-train's per-step time
         if r.get("val_loss") is not None:
             val = r["val_loss"]
-    # the loop ends with the last evaluation, after the last step's record
-    return {"process_s": wall, "steps_s": steps_s, "loop_to_last_step_s": loop_s, "val_loss": val}
+    return {"process_s": wall, "steps_s": steps_s, "val_loss": val}
 
 
 def torch_worker(argv: list[str], threads: int) -> dict:
@@ -94,6 +101,7 @@ def torch_worker(argv: list[str], threads: int) -> dict:
     from .torch_gpt import TorchGPT, load_tensorgrad_state
 
     set_threads(threads, torch_too=True)
+    tg.tune_cpu_malloc()  # as gpt-train does: the same allocator settings for both
     c, _, _ = resolve_config(argv)
     data_dir, meta, tok = load_data(c)
     from gpt.config import GPTConfig
@@ -143,12 +151,14 @@ def torch_worker(argv: list[str], threads: int) -> dict:
         _, loss = model(*batch(train))
         losses.append(loss.item())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+        if c.grad_clip > 0:  # 0 = off, as in gpt-train
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         steps_s += time.perf_counter() - ts
         it += 1
     return {
+        "torch": torch.__version__,
         "loop_s": time.perf_counter() - t0,
         "steps_s": steps_s,
         "val_loss": val,
@@ -192,15 +202,21 @@ def main(argv=None) -> int:
         Path(args.torch_worker[1]).write_text(json.dumps(res))
         return 0
 
+    import numpy as np
+
     from gpt.train import load_data, resolve_config
 
     from . import machine
+    from .common import git_commit
 
     with tempfile.TemporaryDirectory(prefix="tg-recipe-") as tmp:
         corpus = Path(tmp) / "shakespeare.txt"
-        write_corpus(corpus)
+        write_corpus(corpus)  # (from the usual cache, where the corpus was downloaded)
+        os.environ["GPT_CACHE_DIR"] = str(Path(tmp) / "cache")  # prepared data: gone after
         tg_argv = recipe_argv(str(corpus), str(Path(tmp) / "tg"), args.max_iters)
         load_data(resolve_config(tg_argv)[0])  # prepared once, outside both timings
+        warm = recipe_argv(str(corpus), str(Path(tmp) / "warm-up"), 1)
+        run_tensorgrad([*warm, "--eval-iters", "1"], Path(tmp) / "warm-up", args.threads)
         results = {"tensorgrad": run_tensorgrad(tg_argv, Path(tmp) / "tg", args.threads)}
         if not args.no_torch:
             torch_argv = recipe_argv(str(corpus), str(Path(tmp) / "torch"), args.max_iters)
@@ -212,6 +228,9 @@ def main(argv=None) -> int:
             "date": dt.datetime.now().isoformat(timespec="seconds"),
             "threads": args.threads,
             "max_iters": args.max_iters,
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "git_commit": git_commit(),
             "recipe": recipe_argv("<built-in corpus as one file>", "<tmp>", args.max_iters),
         },
         "results": results,

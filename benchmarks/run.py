@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import BLAS_ENV_VARS, SHAPES, blas_info, cpu_model
+from .common import BLAS_ENV_VARS, SHAPES, blas_info, cpu_model, git_commit
 
 TG, TORCH = "tensorgrad", "torch"
 ROOT = Path(__file__).resolve().parent.parent
@@ -665,9 +665,7 @@ def machine_meta(args) -> dict:
     except ImportError:
         physical, mem = None, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
+        commit = git_commit() or ""
         dirty = bool(
             subprocess.run(
                 ["git", "status", "--porcelain", "tensorgrad", "gpt"],

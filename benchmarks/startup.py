@@ -13,6 +13,7 @@ for `import gpt` and building the model, for the first training step, and for th
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import subprocess
@@ -29,9 +30,9 @@ import json, sys, time
 t0 = time.perf_counter()
 import tensorgrad as tg
 t1 = time.perf_counter()
-from benchmarks.common import gpt_config, set_threads
+from benchmarks.common import gpt_config
 from gpt.model import GPT
-set_threads(int(sys.argv[2]), torch_too=False)
+tg.tune_cpu_malloc()
 cfg = gpt_config(sys.argv[1])
 tg.manual_seed(0)
 model = GPT(cfg)
@@ -56,10 +57,14 @@ print(json.dumps({"import_tensorgrad_s": t1 - t0, "build_s": t2 - t1,
 
 
 def child(shape: str, threads: int, env: dict) -> dict:
+    """One fresh process: its timings. Threads through the environment (BLAS and numba read
+    it at start), so the child needs nothing beyond tensorgrad and gpt."""
     B = SHAPES[shape][4]
+    n = str(threads)
+    threads_env = {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "NUMBA_NUM_THREADS": n}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, shape, str(threads), str(B)],
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-c", CHILD, shape, n, str(B)],
+        env={**os.environ, **threads_env, **env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         check=True,
@@ -72,6 +77,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="char-small", choices=list(SHAPES))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     rows = {}
     with tempfile.TemporaryDirectory(prefix="tg-numba-cache-") as cache:
@@ -87,6 +93,26 @@ def main(argv=None) -> int:
             f"| {name} | {r['import_tensorgrad_s']:.2f} | {r['build_s']:.2f} | "
             f"{r['first_step_s']:.2f} | {r['second_step_s']:.3f} |"
         )
+    from . import machine
+    from .common import git_commit
+
+    stamp = dt.datetime.now()
+    report = {
+        "meta": {
+            "machine": machine.describe(),
+            "date": stamp.isoformat(timespec="seconds"),
+            "shape": args.shape,
+            "threads": args.threads,
+            "python": sys.version.split()[0],
+            "git_commit": git_commit(),
+        },
+        "results": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"startup-{stamp:%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
     return 0
 
 

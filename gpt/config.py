@@ -67,7 +67,7 @@ PRESETS: dict[str, dict] = {
     "shakespeare-char": dict(
         block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.2
     ),
-    # the default `gpt-train` model: 10-25 minutes on 2 CPU cores (README)
+    # the default `gpt-train` model: 10-22 minutes on 2 CPU cores (README)
     "char-small": dict(block_size=128, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
     # for tests and `gpt-explain`
     "tiny": dict(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16),

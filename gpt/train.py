@@ -1,6 +1,6 @@
 """gpt-train: train a GPT on Shakespeare or on your own text, with checkpoints you can resume.
 
-    gpt-train                                   # character-level Shakespeare, ~10 min on 2 cores
+    gpt-train                                   # character-level Shakespeare, 10-22 min on 2 cores
     gpt-train --data notes/ --tokenizer bpe --vocab-size 2048 --max-iters 500
     gpt-train --resume --out-dir out/shakespeare-char       # continue exactly where it stopped
     gpt-train --init-from gpt2/ --data my.txt --lr 3e-5 --max-iters 200   # fine-tune GPT-2
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpt-train",
         argument_default=S,
         description="Train a GPT with tensorgrad. With no arguments: a character-level model "
-        "on the built-in Shakespeare corpus, 10 to 25 minutes on 2 CPU cores, ending with a "
+        "on the built-in Shakespeare corpus, 10 to 22 minutes on 2 CPU cores, ending with a "
         "sample. Checkpoints go to --out-dir; --resume continues a run exactly.",
     )
     g = p.add_argument_group("data")

@@ -16,7 +16,7 @@ fused; inf and NaN still propagate as in the reference), and loops that call ``e
 ``contract`` only (see numba_math). Such loops store e^x and sum it in a second, reassociable
 pass over the row, which is still in L1/L2. Compiled code is cached on disk (``cache=True``,
 in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment compiles
-every kernel it meets (a char-small training step: 14.5 s on the 2-core machine of
+every kernel it meets (a char-small training step: 12-15 s on the 2-core machine of
 benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
 """
 
