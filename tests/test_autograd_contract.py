@@ -190,3 +190,53 @@ def test_tensorgrad_never_mentions_gpt():
 def test_bad_dims_and_shapes_name_the_op(call, err, match):
     with pytest.raises(err, match=match):
         call(tg.ones(3, 4))
+
+
+# ----------------------------------------------------------------------------- .grad in place
+# A second gradient is added into .grad in place when nothing else holds that array (as in
+# PyTorch), else into a new array: every way of holding it must keep its own value.
+
+
+def test_grad_accumulates_in_place_only_when_nobody_else_holds_it():
+    x = tg.ones(3, requires_grad=True)
+    (x * 2).sum().backward()
+    held_tensor = x.grad
+    (x * 2).sum().backward()
+    assert held_tensor is x.grad and x.grad.numpy().tolist() == [4.0] * 3  # PyTorch's way
+
+    held_array = x.grad.numpy()  # the array itself: must not change under the caller
+    view = x.grad.data[:2]
+    (x * 2).sum().backward()
+    assert held_array.tolist() == [4.0] * 3 and view.tolist() == [4.0] * 2
+    assert x.grad.numpy().tolist() == [6.0] * 3
+
+
+def test_leaves_sharing_one_gradient_array_stay_apart():
+    a, b = tg.ones(3, requires_grad=True), tg.ones(3, requires_grad=True)
+    (a + b).sum().backward()  # Add hands both leaves the same array
+    (a + b).sum().backward()
+    (a * 3).sum().backward()
+    assert a.grad.numpy().tolist() == [5.0] * 3 and b.grad.numpy().tolist() == [2.0] * 3
+
+
+def test_a_grad_saved_by_another_graph_is_not_changed_under_it():
+    x, w = tg.ones(3, requires_grad=True), tg.ones(3, requires_grad=True)
+    (x * 2).sum().backward()
+    h = (x.grad * w).sum()  # Mul saves x.grad's array for w's gradient
+    (x * 5).sum().backward()
+    h.backward()
+    assert x.grad.numpy().tolist() == [7.0] * 3
+    assert w.grad.numpy().tolist() == [2.0] * 3  # the value x.grad had when h was built
+
+
+def test_tied_weight_gradient_sums_both_uses():
+    g = np.random.default_rng(0)
+    w = tg.tensor(g.standard_normal((6, 4)).astype(np.float32), requires_grad=True)
+    ids = np.array([[0, 2, 2, 5]])
+    logits = F.embedding(tg.tensor(ids), w) @ w.T  # (1, 4, 6): w used twice
+    up = g.standard_normal((1, 4, 6)).astype(np.float32)
+    logits.backward(tg.tensor(up))
+    h = w.numpy()[ids]  # (1, 4, 4)
+    want = np.einsum("btv,btc->vc", up, h)  # through the unembedding
+    np.add.at(want, ids.reshape(-1), (up @ w.numpy()).reshape(-1, 4))  # through the embedding
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-5, atol=1e-5)
