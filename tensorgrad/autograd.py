@@ -244,22 +244,42 @@ def _accumulate_grad(t, g) -> None:
         t.grad = _tensor_type._make(g, None, 0)
         return
     old = t.grad.data
-    if _sole_reference(old) and getattr(old.flags, "writeable", False):
-        # nothing else holds this array (no view of it, no saved copy, no other .grad, not
-        # the caller's), so adding in place changes only .grad, as PyTorch's does; it saves
-        # a fresh array per accumulation (154 MB for GPT-2's tied embedding)
+    if (
+        getattr(old, "base", None) is None  # owns its memory: not a view of a shared array
+        and getattr(old.flags, "writeable", True)
+        and _refs(old) <= _SOLE_REFS
+    ):
+        # nobody else holds this array (no view of it, no op saved it, no other tensor wraps
+        # it, no caller kept it from .numpy()), so adding in place changes only this .grad
+        # tensor, which is PyTorch's behaviour; it saves a fresh array per accumulation (154
+        # MB for GPT-2's tied embedding). Two parameters given one .grad tensor share it, as
+        # in PyTorch.
         old += g
         t.grad._version[0] += 1
     else:
         t.grad = _tensor_type._make(old + g, None, 0)
 
 
-def _sole_reference(a) -> bool:
-    """Whether ``a`` is referenced only by its .grad tensor and the caller's one local
-    variable (CPython reference counts; elsewhere never, and accumulation allocates)."""
+def _refs(a) -> int:
     getrefcount = getattr(sys, "getrefcount", None)
-    # the tensor's .data, the caller's local, this function's argument, getrefcount's argument
-    return getrefcount is not None and getrefcount(a) <= 4
+    return getrefcount(a) if getrefcount is not None else 1 << 30  # no refcounts: never
+
+
+class _Holder:
+    __slots__ = ("data",)
+
+
+def _calibrate() -> int:
+    """The reference count _accumulate_grad sees for an array held by one tensor only:
+    measured with the same code shape, because interpreters count a local variable or a
+    call's argument differently (CPython 3.14 borrows some references)."""
+    h = _Holder()
+    h.data = object()
+    old = h.data
+    return _refs(old)
+
+
+_SOLE_REFS = _calibrate()
 
 
 def backward(root, grad=None, retain_graph: bool = False) -> None:

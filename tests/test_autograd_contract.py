@@ -219,6 +219,36 @@ def test_leaves_sharing_one_gradient_array_stay_apart():
     assert a.grad.numpy().tolist() == [5.0] * 3 and b.grad.numpy().tolist() == [2.0] * 3
 
 
+def test_a_grad_that_views_another_leafs_grad_is_not_added_into_in_place():
+    x, w = tg.ones(6, requires_grad=True), tg.ones(2, 3, requires_grad=True)
+    ((x.reshape(2, 3) + w) * tg.full((2, 3), 2.0)).sum().backward()
+    assert x.grad.data.base is w.grad.data  # Add gave both the same array, Reshape a view
+    (x * 1).sum().backward()
+    assert x.grad.numpy().tolist() == [3.0] * 6
+    assert w.grad.numpy().tolist() == [[2.0] * 3] * 2
+
+
+def test_one_backward_with_a_view_shared_by_two_leaves():
+    a, x = tg.zeros(6, requires_grad=True), tg.zeros(2, 3, requires_grad=True)
+    ((x * 3).sum() + ((a + x.reshape(6)) * 2).sum()).backward()
+    assert a.grad.numpy().tolist() == [2.0] * 6
+    assert x.grad.numpy().tolist() == [[5.0] * 3] * 2
+
+
+def test_the_callers_seed_array_is_never_written():
+    x = tg.zeros(3, requires_grad=True)
+    seeds = np.ones((2, 3), np.float32)
+    x.backward(seeds[0])
+    x.backward(seeds[0])
+    (x + 1).backward(seeds[1])
+    assert seeds.tolist() == [[1.0] * 3] * 2 and x.grad.numpy().tolist() == [3.0] * 3
+    buf = np.zeros(6, np.float32)
+    p = tg.zeros(3, requires_grad=True)
+    p.grad = tg.tensor(buf[:3])  # a user-set .grad wrapping a view of the user's buffer
+    (p * 1).sum().backward()
+    assert buf.tolist() == [0.0] * 6 and p.grad.numpy().tolist() == [1.0] * 3
+
+
 def test_a_grad_saved_by_another_graph_is_not_changed_under_it():
     x, w = tg.ones(3, requires_grad=True), tg.ones(3, requires_grad=True)
     (x * 2).sum().backward()
