@@ -104,6 +104,7 @@ class Function:
         "__dict__",
     )
     multi_output = False  # forward returns a tuple of arrays
+    non_differentiable: tuple = ()  # input positions whose gradient is never defined
     op: str | None = None  # the registry's name for this op (reference Functions only)
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract
@@ -205,14 +206,23 @@ def _check_versions(fn: Function):
 
 def _check_grads(fn: Function, gxs) -> None:
     """The gradient contract: one gradient per input, each exactly its input's shape and a
-    float dtype equal to the input's."""
+    float dtype equal to the input's; never None for an input that requires grad, unless
+    the op lists that input in ``non_differentiable`` (PyTorch raises there too)."""
     if len(gxs) != len(fn.in_meta):
         raise RuntimeError(
             f"{fn.name}.backward returned {len(gxs)} gradients for {len(fn.in_meta)} inputs"
         )
     for i, (gx, meta) in enumerate(zip(gxs, fn.in_meta)):
-        if gx is None or meta is None:
+        if meta is None:
             continue
+        if gx is None:
+            if i in getattr(fn.reference or type(fn), "non_differentiable", ()):
+                continue
+            raise RuntimeError(
+                f"{fn.name}.backward returned no gradient for input {i}, which requires grad: "
+                "the derivative of this op for that input is not implemented (pass it "
+                "detached, or as a plain array)"
+            )
         shape, dtype = meta
         if not hasattr(gx, "shape") or tuple(gx.shape) != tuple(shape):
             got = tuple(gx.shape) if hasattr(gx, "shape") else type(gx).__name__

@@ -172,7 +172,8 @@ def scaled_dot_product_attention(
     broadcasts to (..., L, S). ``is_causal`` masks future keys (bottom-right aligned when
     L != S). Queries whose keys are all masked output zeros.
     """
-    m = None if attn_mask is None else as_array(attn_mask)
+    # a float mask tensor stays a tensor: it may require grad (relative-position biases)
+    m = attn_mask if attn_mask is None or isinstance(attn_mask, Tensor) else as_array(attn_mask)
     return Attention.apply(q, k, v, m, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
 
 

@@ -50,6 +50,20 @@ class Size(tuple):
         return Size(out) if isinstance(i, slice) else out
 
 
+def _tracked(value) -> bool:
+    """Whether a fill value is a tensor whose gradient must be recorded."""
+    return isinstance(value, Tensor) and value.requires_grad and is_grad_enabled()
+
+
+def _scalar_tensor(op: str, value):
+    if value.ndim:
+        raise RuntimeError(
+            f"{op} only supports a 0-dimensional value tensor, but got tensor with "
+            f"{value.ndim} dimension(s)"
+        )
+    return value
+
+
 def as_array(x, dtype=None, device=None):
     """The backend array behind ``x`` (a Tensor, an array, a list or a scalar)."""
     if isinstance(x, Tensor):
@@ -643,6 +657,9 @@ class Tensor:
         return self.fill_(0)
 
     def fill_(self, value) -> Tensor:
+        if _tracked(value):  # recorded, so that the value gets its gradient
+            self[...] = _scalar_tensor("fill_", value)
+            return self
         v = value.item() if isinstance(value, Tensor) else value
 
         def fill(a):
@@ -695,6 +712,9 @@ class Tensor:
         m = as_array(mask)
         if m.dtype != np.bool_:
             raise TypeError(f"masked_fill_: mask must be boolean, got {m.dtype}")
+        if _tracked(value):  # recorded, so that the value gets its gradient
+            self[...] = self.masked_fill(m, value)
+            return self
         v = value.item() if isinstance(value, Tensor) else value
         if self._in_graph():  # recorded, as x = x.masked_fill(mask, value)
             self._check_inplace("masked_fill_")
@@ -738,8 +758,12 @@ class Tensor:
         """Elementwise clip to [min, max] (either may be None); gradient 1 inside, 0 outside."""
         if min is None and max is None:
             raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
-        float_bound = any(isinstance(b, float) for b in (min, max))
+        float_bound = any(
+            isinstance(b, float) or getattr(b, "dtype", np.dtype(int)).kind == "f"
+            for b in (min, max)
+        )
         x = self.float() if float_bound and self.dtype.kind != "f" else self  # as promotion
+        # tensor bounds stay tensors: they may require grad (each gets its gradient)
         return E.Clamp.apply(x, min, max)
 
     clip = clamp
@@ -886,6 +910,9 @@ class Tensor:
         m = as_array(mask)
         if m.dtype != np.bool_:
             raise TypeError(f"masked_fill: mask must be boolean, got {m.dtype}")
+        if _tracked(value):  # the value gets the gradient of every filled element
+            filled = E.MaskedFill.apply(self, m, 0)  # checks the mask's shape
+            return E.Where.apply(m, _scalar_tensor("masked_fill", value).to(self.dtype), filled)
         v = value.item() if isinstance(value, Tensor) else value
         return E.MaskedFill.apply(self, m, v)
 

@@ -17,6 +17,7 @@ from helpers import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import tensorgrad as tg
 import tensorgrad.functional as F
@@ -550,16 +551,18 @@ def test_cat_stack_errors():
 # ----------------------------------------------------------------------------- where, masks
 
 
-@given(data=st.data(), shapes2=broadcast_pairs(), cshape=shapes(max_dims=2))
-def test_where(data, shapes2, cshape):
-    x, y = data.draw(arrays(shapes2[0])), data.draw(arrays(shapes2[1]))
-    try:
-        np.broadcast_shapes(cshape, x.shape, y.shape)
-    except ValueError:
-        cshape = ()
-    c = np.random.default_rng(len(cshape)).random(cshape) > 0.5
+@given(
+    data=st.data(),
+    three=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, max_side=3),
+)
+def test_where(data, three):
+    cshape, xshape, yshape = three.input_shapes
+    x, y = data.draw(arrays(xshape)), data.draw(arrays(yshape))
+    c = data.draw(hnp.arrays(np.bool_, cshape))
+    if c.size >= 2:  # both branches, so each input's gradient is checked where it flows
+        c.flat[0], c.flat[1] = True, False
     check_op(
-        lambda c_, a, b: tg.where(c_, a, b), np.where, c, x, y, name=f"where {cshape} {shapes2}"
+        lambda c_, a, b: tg.where(c_, a, b), np.where, c, x, y, name=f"where {three.input_shapes}"
     )
     check_op(lambda c_, a: tg.where(c_, a, 0.0), lambda c_, a: np.where(c_, a, 0.0), c, x)
     check_op(lambda c_, b: tg.where(c_, -1.0, b), lambda c_, b: np.where(c_, -1.0, b), c, y)

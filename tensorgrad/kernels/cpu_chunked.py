@@ -23,6 +23,7 @@ from ..ops.nn import (
     check_attention,
     check_classes,
     loss_coef,
+    mask_grad,
     reduce_losses,
 )
 from . import register
@@ -326,6 +327,7 @@ class InplaceAttention(Function):
         L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
         self.scale = q.dtype.type(1 / math.sqrt(E) if scale is None else scale)
         self.shapes = (q.shape, k.shape, v.shape)
+        self.mask_meta = None if mask is None else (mask.shape, mask.dtype)
         s = q @ k.swapaxes(-1, -2)
         s *= self.scale
         allowed = causal_mask(np, L, S) if is_causal else None
@@ -362,10 +364,16 @@ class InplaceAttention(Function):
         if drop is not None:
             gp *= drop
         # softmax backward, in place: gs = p * (gp - sum(gp * p)) * scale
-        softmax_rows_backward(_rows(gp), _rows(p), _rows(gp), self.scale)
+        gmask = None
+        if self.mask_meta is not None and self.needs_input_grad[3]:
+            softmax_rows_backward(_rows(gp), _rows(p), _rows(gp))
+            gmask = mask_grad(self, gp)  # a float mask's gradient: before the scale
+            gp *= self.scale
+        else:
+            softmax_rows_backward(_rows(gp), _rows(p), _rows(gp), self.scale)
         gq = gp @ k
         gk = gp.swapaxes(-1, -2) @ q
-        return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
+        return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), gmask
 
 
 # ----------------------------------------------------------------------------- AdamW

@@ -239,12 +239,15 @@ class Cast(Function):
 
 
 class Clamp(Function):
-    """clip(x, lo, hi) (either bound None);  the gradient passes where lo <= x <= hi."""
+    """clip(x, lo, hi) (either bound None, a number or an array that broadcasts); the
+    gradient reaches x where lo <= x <= hi, lo where x < lo < hi, and hi where x > hi or
+    hi < lo (the output is hi there), as torch.clamp's."""
 
     def forward(self, x, lo=None, hi=None):
         xp = get_array_module(x)
-        self.save(x)
-        self.lo, self.hi = lo, hi
+        self.save(x, lo, hi)
+        self.shapes = (_shape(x), _shape(lo), _shape(hi))
+        self.dtypes = tuple(getattr(b, "dtype", None) for b in (lo, hi))
         y = x
         if lo is not None:
             y = xp.maximum(y, xp.asarray(lo, dtype=x.dtype))
@@ -253,13 +256,22 @@ class Clamp(Function):
         return y
 
     def backward(self, g):
-        (x,) = self.saved
+        x, lo, hi = self.saved
+        sx, slo, shi = self.shapes
         keep = True
-        if self.lo is not None:
-            keep = keep & (x >= self.lo)
-        if self.hi is not None:
-            keep = keep & (x <= self.hi)
-        return g * keep, None, None
+        if lo is not None:
+            keep = keep & (x >= lo)
+        if hi is not None:
+            keep = keep & (x <= hi)
+        gx = unbroadcast(g * keep, sx)
+        glo = ghi = None
+        if self.needs_input_grad[1]:
+            to_lo = (x < lo) & (lo < hi) if hi is not None else x < lo
+            glo = unbroadcast(g * to_lo, slo).astype(self.dtypes[0], copy=False)
+        if self.needs_input_grad[2]:
+            to_hi = (x > hi) | (hi < lo) if lo is not None else x > hi
+            ghi = unbroadcast(g * to_hi, shi).astype(self.dtypes[1], copy=False)
+        return gx, glo, ghi
 
 
 def _split_ties(g, x_wins, y_wins, tie):

@@ -340,8 +340,9 @@ def check_attention(q, k, v) -> None:
 
 class Attention(Function):
     """o = P·v with P = softmax(q·kᵀ·scale + mask) over keys; a query whose keys are all
-    masked gets zero output. Backward: ∂v = Pᵀg, ∂S = P·(gvᵀ - Σ P·gvᵀ)·scale, ∂q = ∂S·k,
-    ∂k = ∂Sᵀ·q. Keeps the (L, S) probabilities for backward."""
+    masked gets zero output. Backward: ∂v = Pᵀg, ∂M = P·(gvᵀ - Σ P·gvᵀ) (an additive
+    mask's gradient, summed to its shape), ∂S = ∂M·scale, ∂q = ∂S·k, ∂k = ∂Sᵀ·q. Keeps
+    the (L, S) probabilities for backward."""
 
     op = "attention"
 
@@ -351,6 +352,7 @@ class Attention(Function):
         L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
         self.scale = q.dtype.type(1 / math.sqrt(E) if scale is None else scale)
         self.shapes = (q.shape, k.shape, v.shape)
+        self.mask_meta = None if mask is None else (mask.shape, mask.dtype)
         s = matmul(q, k.swapaxes(-1, -2)) * self.scale
         allowed = causal_mask(xp, L, S) if is_causal else None
         if mask is not None and mask.dtype == bool:
@@ -379,7 +381,19 @@ class Attention(Function):
         gp = matmul(g, v.swapaxes(-1, -2))
         if drop is not None:
             gp = gp * drop
-        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True)) * self.scale
+        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))  # ∂ of the scores + mask
+        gmask = mask_grad(self, gs)
+        gs = gs * self.scale
         gq = matmul(gs, k)
         gk = matmul(gs.swapaxes(-1, -2), q)
-        return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
+        return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), gmask
+
+
+def mask_grad(fn, gs):
+    """An additive float mask's gradient: the scores' (before scaling), summed to its shape;
+    None when the mask is absent, boolean or needs no gradient."""
+    if fn.mask_meta is None or not fn.needs_input_grad[3]:
+        return None
+    shape, dtype = fn.mask_meta
+    gm = unbroadcast(gs, shape)
+    return (gm.copy() if gm is gs else gm).astype(dtype, copy=False)

@@ -223,15 +223,23 @@ def _along(index, dim: int, xp):
     return tuple(grid)
 
 
+def _corner(index, dim: int) -> tuple:
+    """The slices that cut an array down to ``index``'s extent in every dim but ``dim``
+    (torch.gather / scatter_add read only that corner; NumPy would broadcast instead)."""
+    d = dim % index.ndim if index.ndim else 0
+    return tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))
+
+
 class Gather(Function):
-    """out[i][j] = x[i][index[i][j]] along ``dim`` (torch.gather); repeated ids add up in
+    """out[i][j] = x[i][index[i][j]] along ``dim`` (torch.gather: the output has index's
+    shape, which may be smaller than x's in the other dims); repeated ids add up in
     backward."""
 
     def forward(self, x, index, dim):
         xp = get_array_module(x)
         self.dim, self.shape = dim, x.shape
         self.save(index)
-        return xp.take_along_axis(x, index, axis=dim)
+        return xp.take_along_axis(x[_corner(index, dim)], index, axis=dim)
 
     def backward(self, g):
         (index,) = self.saved
@@ -257,7 +265,9 @@ class ScatterAdd(Function):
         (index,) = self.saved
         xp = get_array_module(g)
         gsrc = xp.zeros(self.src_shape, dtype=g.dtype)
-        gsrc[tuple(slice(0, s) for s in index.shape)] = xp.take_along_axis(g, index, axis=self.dim)
+        gsrc[tuple(slice(0, s) for s in index.shape)] = xp.take_along_axis(
+            g[_corner(index, self.dim)], index, axis=self.dim
+        )
         return g, None, gsrc, None
 
 
@@ -313,7 +323,7 @@ class WriteView(Function):
     def backward(self, g):
         xp = get_array_module(g)
         gv = unbroadcast(xp.asarray(self.get(g)), self.v_shape)
-        gb = g.copy()
+        gb = xp.array(g)  # a copy, and an array even when g is a 0-d NumPy scalar
         self.put(gb, 0)  # the old values of the region no longer reach the output
         return gb, gv
 
