@@ -65,10 +65,6 @@ def worker(fw: str, shape: str, steps: int, threads: int) -> dict:
     from .common import gpt_config, set_threads
 
     set_threads(threads, torch_too=fw == tasks.TORCH)
-    if fw == tasks.TG:
-        import tensorgrad as tg
-
-        tg.tune_cpu_malloc()  # as gpt-train
     L, H, C, T, B, V = SHAPES[shape]
     model, opt, _ = tasks._build(fw, gpt_config(shape, T, T))
     x, y = tasks._batch(B, T, V)

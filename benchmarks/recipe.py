@@ -12,8 +12,8 @@ same batches from the same samplers, and start from the same weights (PyTorch co
 identically seeded tensorgrad model). tensorgrad runs as the real `gpt-train` command in its
 own process, after a one-step warm-up run (so numba compilation is not timed); PyTorch runs
 the same loop in another process (lr schedule, AdamW groups, gradient clipping, evaluation, a
-torch.save of model and optimizer at every evaluation). Both processes tune malloc as
-gpt-train does (tg.tune_cpu_malloc).
+torch.save of model and optimizer at every evaluation). Each runs as a library user gets
+it (tensorgrad tunes glibc's malloc at import; PyTorch keeps glibc's defaults).
 
 Reported per framework: the process's wall time and the steps alone (sum of per-step times:
 batch, forward, loss.item(), backward, clipping, AdamW step), and the final val loss. The
@@ -101,7 +101,6 @@ def torch_worker(argv: list[str], threads: int) -> dict:
     from .torch_gpt import TorchGPT, load_tensorgrad_state
 
     set_threads(threads, torch_too=True)
-    tg.tune_cpu_malloc()  # as gpt-train does: the same allocator settings for both
     c, _, _ = resolve_config(argv)
     data_dir, meta, tok = load_data(c)
     from gpt.config import GPTConfig

@@ -26,7 +26,7 @@ TG, TORCH = "tensorgrad", "torch"
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("train", "ops", "memory", "scaling", "generate")
 # glibc keeps freed arrays up to 32 MiB in its heap and up to 1 GiB of free heap: the settings
-# tensorgrad applies with tune_cpu_malloc(), as gpt-train and the benchmark worker do
+# tensorgrad applies at import (tune_cpu_malloc; TG_MALLOC_TUNING=0 turns it off)
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 MALLOC_SUFFIX = "+malloc"  # the other malloc setting than the framework's default
 FLOPS_FORMULA = (
@@ -344,7 +344,7 @@ def report(R: dict) -> str:
                 "\nglibc malloc: by default it hands freed arrays above a dynamic threshold back "
                 "to the OS, and the next step page-faults them in again. *Tuned* keeps arrays up "
                 f"to 32 MiB and 1 GiB of free heap ({env_txt}; tensorgrad "
-                f"{'applies this with tune_cpu_malloc(), as gpt-train does' if tg_tunes else 'does not tune malloc here'}"
+                f"{'applies this at import' if tg_tunes else 'does not tune malloc here'}"
                 "; TG_MALLOC_TUNING=0 gives it glibc's default):\n"
             )
             out.append(

@@ -32,7 +32,6 @@ import tensorgrad as tg
 t1 = time.perf_counter()
 from benchmarks.common import gpt_config
 from gpt.model import GPT
-tg.tune_cpu_malloc()
 cfg = gpt_config(sys.argv[1])
 tg.manual_seed(0)
 model = GPT(cfg)

@@ -17,10 +17,6 @@ def main() -> None:
     from .common import set_threads, worker_info
 
     set_threads(threads, torch_too=fw == tasks.TORCH)
-    if fw == tasks.TG:
-        import tensorgrad as tg
-
-        tg.tune_cpu_malloc()  # as gpt-train does (TG_MALLOC_TUNING=0 turns it off)
     result = getattr(tasks, task)(fw, **spec)
     result = {"result": result, "info": worker_info(fw == tasks.TORCH)}
     with open(sys.argv[2], "w") as f:

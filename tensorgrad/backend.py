@@ -29,8 +29,10 @@ def tune_cpu_malloc() -> bool:
     to 1 GiB of free heap is kept. Skipped off glibc, when the user set MALLOC_* variables,
     or with TG_MALLOC_TUNING=0. Returns whether it was applied.
 
-    Process-wide, so ``import tensorgrad`` never calls it: an application opts in
-    (``gpt-train`` does, as ``tensorgrad.tune_cpu_malloc()``).
+    ``import tensorgrad`` calls it once, so that a library user gets the fast step without
+    asking (PyTorch's step does not page-fault its activations either); it is
+    process-wide, so ``TG_MALLOC_TUNING=0`` in the environment (or a MALLOC_* variable of
+    your own) turns it off. ``tensorgrad.backend.malloc_tuned`` says whether it applied.
     """
     if os.environ.get("TG_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
         return False
@@ -43,6 +45,8 @@ def tune_cpu_malloc() -> bool:
         return False
     return bool(ok)
 
+
+malloc_tuned = tune_cpu_malloc()  # at import: see tune_cpu_malloc for the off switch
 
 _cupy = None  # the cupy module once imported, False if the import failed
 _cupy_error: str | None = None

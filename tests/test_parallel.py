@@ -1,5 +1,7 @@
 """Chunked, threaded CPU passes give the same numbers as one pass over the whole array."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -59,3 +61,23 @@ def test_malloc_tuning_respects_opt_out(monkeypatch):
     monkeypatch.delenv("TG_MALLOC_TUNING")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the user's own setting wins
     assert backend.tune_cpu_malloc() is False
+
+
+def test_malloc_tuned_at_import_unless_switched_off():
+    """A library user gets the allocator setting without calling anything; the documented
+    off switch keeps glibc's defaults (checked in fresh interpreters)."""
+    import subprocess
+    import sys
+
+    code = "import tensorgrad.backend as b; print(b.malloc_tuned)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "TG_MALLOC"))}
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    off = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "TG_MALLOC_TUNING": "0"},
+        capture_output=True,
+        text=True,
+    )
+    glibc = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION")
+    assert on.stdout.strip() == str(bool(glibc)), on.stderr
+    assert off.stdout.strip() == "False", off.stderr
