@@ -95,7 +95,8 @@ def torch_worker(argv: list[str], threads: int) -> dict:
     from gpt.data import BatchSampler
     from gpt.model import GPT
     from gpt.optim import cosine_lr
-    from gpt.train import _model_overrides, load_data, resolve_config
+    from gpt.train import load_data, resolve_config
+    from gpt.train.config import model_overrides
 
     from .common import set_threads
     from .torch_gpt import TorchGPT, load_tensorgrad_state
@@ -105,7 +106,7 @@ def torch_worker(argv: list[str], threads: int) -> dict:
     data_dir, meta, tok = load_data(c)
     from gpt.config import GPTConfig
 
-    cfg = GPTConfig.from_preset(c.preset, vocab_size=tok.vocab_size, **_model_overrides(c))
+    cfg = GPTConfig.from_preset(c.preset, vocab_size=tok.vocab_size, **model_overrides(c))
     tg.manual_seed(c.seed)  # as gpt-train: the same initial weights
     model = TorchGPT(cfg)
     load_tensorgrad_state(model, GPT(cfg))

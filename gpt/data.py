@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt.checkpoint import atomic_write_bytes as atomic_write
+from gpt.store.checkpoint import atomic_write_bytes as atomic_write
 from gpt.tokenizer import (
     BPETokenizer,
     CharTokenizer,
@@ -207,7 +207,7 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
     total = sum(f.stat().st_size for _, f in files)
     if total == 0:
         raise DataError(f"{root} is empty (0 bytes of text). Pass files with text in them.")
-    from gpt.validate import check_memory, gib
+    from gpt.store.validate import check_memory, gib
 
     # the bytes, the decoded str (up to 4 bytes a character) and the token lists while
     # preparing: about 16 bytes per input byte at the most

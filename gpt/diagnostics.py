@@ -22,6 +22,8 @@ import numpy as np
 
 from tensorgrad import nn, to_numpy
 
+from .store.checkpoint import atomic_write_bytes
+
 OK, NO_GRAD, ZERO, NON_FINITE = "ok", "no grad", "zero", "non-finite"
 
 
@@ -50,16 +52,21 @@ def _grouped(sq: dict[str, float], group: Callable[[str], str] | None) -> dict[s
     return {k: math.sqrt(v) for k, v in out.items()}
 
 
+def grad_status(norm: float | None) -> str:
+    """A gradient's status from its norm (None: no gradient): 'ok', 'no grad', 'zero' or
+    'non-finite'. The one place that decides it, for --diagnose and gpt-explain alike."""
+    if norm is None:
+        return NO_GRAD
+    return OK if math.isfinite(norm) and norm > 0 else (ZERO if norm == 0 else NON_FINITE)
+
+
 def grad_report(model: nn.Module) -> list[dict]:
     """One row per parameter (a tied matrix once): name, shape, grad_norm (None when the
     parameter has no gradient) and status: 'ok', 'no grad', 'zero' or 'non-finite'."""
     rows = []
     for name, p in model.named_parameters():
-        if p.grad is None:
-            norm, status = None, NO_GRAD
-        else:
-            norm = math.sqrt(_sumsq(p.grad.data))
-            status = OK if math.isfinite(norm) and norm > 0 else (ZERO if norm == 0 else NON_FINITE)
+        norm = None if p.grad is None else math.sqrt(_sumsq(p.grad.data))
+        status = grad_status(norm)
         rows.append({"name": name, "shape": list(p.shape), "grad_norm": norm, "status": status})
     return rows
 
@@ -174,8 +181,6 @@ def plot_metrics(records: list[dict], path) -> bool:
         ax.legend(fontsize=7, ncol=4)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    from .checkpoint import atomic_write_bytes
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     atomic_write_bytes(path, buf.getvalue())

@@ -34,8 +34,8 @@ import numpy as np
 import tensorgrad as tg
 import tensorgrad.distributed as dist
 
-from .checkpoint import CheckpointError
 from .data import DataError, default_cache_dir
+from .store.errors import CheckpointError
 
 BUCKET_MB = 4.0  # gradient all-reduce bucket size
 GRACE_S = 2.0  # a failing rank > 0 waits this long first: if rank 0 failed alike, its line shows
@@ -63,34 +63,32 @@ class Run:
 
     # -- one optimizer step -------------------------------------------------------------
     def micro_batches(self, sampler):
-        """Yield (x, y, weight, last) for this rank's micro-steps of one optimizer step.
+        """Yield (x, y, weight) for this rank's micro-steps of one optimizer step.
 
-        weight is the micro-batch's share of this rank's rows (scale its mean loss by it);
-        last marks the micro-step after whose backward the gradients are averaged. Every
-        rank draws the whole global batch, in the order one process would, and keeps rows
-        [rank * rows, (rank + 1) * rows) of it.
+        weight is the micro-batch's share of this rank's rows (scale its mean loss by it).
+        Every rank draws the whole global batch, in the order one process would, and keeps
+        rows [rank * rows, (rank + 1) * rows) of it.
         """
         if not self.active:
             w = 1.0 / self.grad_accum if self.grad_accum > 1 else 1.0
-            for i in range(self.grad_accum):
+            for _ in range(self.grad_accum):
                 x, y = sampler.next_batch()
-                yield x, y, w, i == self.grad_accum - 1
+                yield x, y, w
             return
         xs, ys = zip(*(sampler.next_batch() for _ in range(self.grad_accum)))
         lo = self.rank * self.rows
         x = np.concatenate(xs)[lo : lo + self.rows]  # (rows, T)
         y = np.concatenate(ys)[lo : lo + self.rows]
         o = 0
-        for k, n in enumerate(self.chunks):
-            yield x[o : o + n], y[o : o + n], n / self.rows, k == len(self.chunks) - 1
+        for n in self.chunks:
+            yield x[o : o + n], y[o : o + n], n / self.rows
             o += n
 
-    def backward(self, loss, sync: bool) -> None:
-        """loss.backward(); after the last micro-step, average the gradients over the ranks."""
-        if self.reducer is None:
-            loss.backward()
-        else:
-            self.reducer.backward(loss, sync=sync)
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the ranks (after the last micro-step's backward); with
+        one process there is nothing to do."""
+        if self.reducer is not None:
+            self.reducer.reduce_gradients()
 
     def mean(self, value: float) -> float:
         """The mean over the ranks of a float (every rank gets it)."""
@@ -98,15 +96,15 @@ class Run:
             return value
         return float(dist.all_reduce(np.array([value], dtype=np.float64), "mean")[0])
 
-    def agree_stop(self, stop: dict | None) -> int:
+    def agree_stop(self, stop) -> int:
         """The signal that stops the run, agreed by all ranks (0 for none): a signal that
-        reached any rank stops every rank here, at the same step."""
-        mine = int((stop or {}).get("signal") or 0)
+        reached any rank stops every rank here, at the same step. stop: a StopFlag or None."""
+        mine = int(getattr(stop, "signal", 0) or 0)
         if not self.active or stop is None:
             return mine
         agreed = int(dist.all_reduce(np.array([mine], dtype=np.int64), "max")[0])
         if agreed:
-            stop["signal"] = agreed
+            stop.signal = agreed
         return agreed
 
     # -- start and checkpoints ------------------------------------------------------------

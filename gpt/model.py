@@ -377,7 +377,7 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, path) -> GPT:
         """Load a HuggingFace-format GPT-2 directory (config.json + model.safetensors)."""
-        from .checkpoint import load_hf_gpt2
+        from .store.checkpoint import load_hf_gpt2
 
         return load_hf_gpt2(cls, Path(path))
 

@@ -1,7 +1,7 @@
 """gpt-plot OUT_DIR: draw OUT_DIR/loss.png from the run's metrics.jsonl (needs matplotlib).
 
 gpt-train draws loss.png at every evaluation when matplotlib is installed; this redraws
-it afterwards (after ``pip install -e ".[plot]"``, or for a run copied from elsewhere).
+it afterwards (after ``pip install matplotlib``, or for a run copied from elsewhere).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.output) if a.output else Path(a.out_dir) / "loss.png"
     if not diag.plot_metrics(records, out):
         print(
-            "gpt-plot: error: matplotlib is not installed: pip install -e '.[plot]'",
+            "gpt-plot: error: matplotlib is not installed: pip install matplotlib",
             file=sys.stderr,
         )
         return EXIT_ERROR

@@ -199,9 +199,9 @@ def _validate(a) -> None:
 
 def _load(a):
     """(model, tokenizer, description) for the chosen source."""
-    from .checkpoint import CheckpointError
     from .model import GPT
-    from .run_checkpoint import has_checkpoint, load_model
+    from .store.errors import CheckpointError
+    from .store.run_checkpoint import has_checkpoint, load_model
     from .tokenizer import load_tokenizer_dir
 
     if a.init_from is not None:
@@ -224,11 +224,13 @@ def _load(a):
             f"{shlex.quote(out_dir)}) or pass --out-dir / --init-from"
         )
     model, tok, ckpt, d = load_model(out_dir, a.which, a.device)
-    return model, tok, f"{d} (iter {ckpt.get('iter')}, val loss {ckpt.get('val_loss')})"
+    v = ckpt.get("val_loss")
+    loss = f"{v:.4f}" if isinstance(v, (int, float)) else "not evaluated"
+    return model, tok, f"{d} (iter {ckpt.get('iter')}, val loss {loss})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import CheckpointError
+    from .store.errors import CheckpointError
 
     try:
         a = build_parser().parse_args(argv)

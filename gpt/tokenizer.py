@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .checkpoint import atomic_write_bytes as atomic_write
+from .store.checkpoint import atomic_write_bytes as atomic_write
 
 EOT = "<|endoftext|>"
 UNK = "<|unk|>"

@@ -191,6 +191,7 @@ def fake_nccl(out_path: str) -> None:
 
 def train(fault: str | None, argv: list[str]) -> int:
     from gpt import train as gt
+    from gpt.train import loop as gt_loop
 
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if fault and fault.startswith("pidfile="):
@@ -198,7 +199,7 @@ def train(fault: str | None, argv: list[str]) -> int:
             f.write(str(os.getpid()))
     elif fault and rank == 1:
         calls = []
-        real = gt.clip_grad_norm_
+        real = gt_loop.clip_grad_norm_
 
         def clip(params, max_norm):
             calls.append(1)
@@ -210,7 +211,7 @@ def train(fault: str | None, argv: list[str]) -> int:
                 raise OSError(5, "Input/output error (injected)")
             return real(params, max_norm)
 
-        gt.clip_grad_norm_ = clip
+        gt_loop.clip_grad_norm_ = clip
     return gt.main(argv)
 
 

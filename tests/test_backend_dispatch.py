@@ -596,9 +596,9 @@ def test_tiny_gpt_training_step(fake, doc_sep):
 
 
 def test_checkpoints_cross_devices(fake, tmp_path):
-    from gpt.checkpoint import load_arrays, save_arrays
     from gpt.config import GPTConfig
     from gpt.model import GPT
+    from gpt.store.checkpoint import load_arrays, save_arrays
 
     dev_model, _ = _tiny_step("cuda")
     save_arrays(tmp_path / "m.safetensors", dev_model.state_dict())

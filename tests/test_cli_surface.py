@@ -80,3 +80,24 @@ def test_python_m_gpt_lists_the_commands():
     assert r.returncode == 0
     for name in ("gpt-train", "gpt-sample", "gpt-explain", "gpt-plot"):
         assert name in r.stdout
+
+
+def test_every_config_field_is_one_flag_with_its_type_and_help():
+    """TrainConfig is the one source: each field is a flag of the annotated type, with help
+    (and its default in the help when there is one)."""
+    import dataclasses
+
+    from gpt.train import TrainConfig, build_parser
+    from gpt.train.config import kind
+
+    actions = {}
+    for a in build_parser()._actions:
+        actions.setdefault(a.dest, a)  # --sample-tokens before --no-sample
+    for f in dataclasses.fields(TrainConfig):
+        a = actions.get(f.name)
+        assert a is not None and a.help, f"--{f.name.replace('_', '-')} is not a flag with help"
+        assert a.option_strings[0] == "--" + f.name.replace("_", "-")
+        if kind(f) is not bool:
+            assert a.type is kind(f), f"--{f.name}: type {a.type} for a {f.type} field"
+        if f.default not in (None, False):
+            assert f"(default {f.default})" in a.help or "default" in a.help, f.name

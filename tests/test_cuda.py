@@ -291,9 +291,9 @@ def test_seeded_gpu_runs_repeat():
 
 
 def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
-    from gpt.checkpoint import load_arrays, save_arrays
     from gpt.config import GPTConfig
     from gpt.model import GPT
+    from gpt.store.checkpoint import load_arrays, save_arrays
 
     gpu_model, opt, _ = _train("cuda")
     save_arrays(tmp_path / "model.safetensors", gpu_model.state_dict())

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt import run_checkpoint as rc
 from gpt import train
+from gpt.store import run_checkpoint as rc
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "mpi_worker.py")

@@ -370,7 +370,7 @@ def test_init_from_a_gpt2_directory(tmp_path, tok, capsys):
 
 
 def test_out_dir_of_a_training_run(tmp_path, tok, capsys):
-    from gpt import run_checkpoint
+    from gpt.store import run_checkpoint
 
     model = tiny(tok)
     run_checkpoint.save(

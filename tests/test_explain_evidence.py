@@ -6,8 +6,8 @@ import pytest
 import tensorgrad as tg
 from gpt.config import GPTConfig
 from gpt.explain import explain, prompt_tokenizer
-from gpt.explain_checks import finite_differences, float64_copy
-from gpt.explain_forward import Recorder, forward
+from gpt.explain.checks import finite_differences, float64_copy
+from gpt.explain.forward import Recorder, forward
 from gpt.model import GPT
 
 PROMPT = "The capital of France is Paris"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gpt.explain import explain, main, prompt_tokenizer
-from gpt.explain_steps import Session
+from gpt.explain.steps import Session
 from gpt.model import GPT
 
 LONG = ("The quick brown fox jumps over the lazy dog while the cat sleeps. " * 80)[:5000]
@@ -44,7 +44,7 @@ def test_the_block_size_cuts_a_long_prompt(capsys):
 
 
 def test_every_block_maps_are_bounded(monkeypatch):
-    import gpt.explain as ex
+    import gpt.explain.report as ex
     from gpt.config import GPTConfig
 
     monkeypatch.setattr(ex, "MAX_MAP_CELLS", 2 * 25)  # room for one block of 2 heads, T = 5
@@ -97,3 +97,22 @@ def test_a_refused_step_leaves_the_session_as_it_was():
     with pytest.raises(ValueError, match="layer 9"):
         s.step(layer=9)
     assert s.layer == 0 and s.history == []
+
+
+@pytest.mark.parametrize("prompt", [None, LONG[:400]])
+def test_terminal_output_fits_100_columns_and_a_screenful_by_default(prompt, capsys):
+    """The default listing is a summary (at most 150 lines for the default prompt, a few more
+    for a 64-token one); --full prints every row; both fit 100 columns."""
+    args = ["--tokenizer", "char", "--prompt", prompt] if prompt else []
+    assert main(args) == 0
+    brief = capsys.readouterr().out.splitlines()
+    assert main([*args, "--full"]) == 0
+    full = capsys.readouterr().out.splitlines()
+    for lines in (brief, full):
+        wide = [line for line in lines if len(line) > 100]
+        assert not wide, f"{len(wide)} lines over 100 columns, e.g. {wide[0]!r}"
+    assert len(brief) <= (150 if prompt is None else 170), len(brief)
+    assert len(full) > len(brief) and not any("--full shows all" in line for line in full)
+    last = "  transformer.h.1.mlp.c_proj.bias"  # the last parameter of the tables
+    assert sum(line.startswith(last) for line in full) == 2  # gradients and AdamW
+    assert not any(line.startswith(last) for line in brief)

@@ -13,8 +13,8 @@ import pytest
 import tensorgrad as tg
 from gpt.config import GPTConfig
 from gpt.explain import explain, prompt_tokenizer
-from gpt.explain_serve import make_server
-from gpt.explain_steps import Session, follow_steps
+from gpt.explain.serve.server import make_server
+from gpt.explain.steps import Session, follow_steps
 from gpt.model import GPT
 
 PROMPT = "The capital of France is Paris"

@@ -10,7 +10,8 @@ import pytest
 import tensorgrad as tg
 from gpt.config import GPTConfig
 from gpt.explain import explain, main, prompt_tokenizer
-from gpt.explain_steps import Session, follow_steps, render_steps_html, render_steps_text
+from gpt.explain.render.steps import render_steps_html, render_steps_text
+from gpt.explain.steps import Session, follow_steps
 from gpt.model import GPT
 
 PROMPT = "The capital of France is Paris"
@@ -118,7 +119,7 @@ def test_without_matplotlib_the_plots_are_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_steps_on_a_training_run(tmp_path, tok, capsys):
-    from gpt import run_checkpoint
+    from gpt.store import run_checkpoint
 
     model = tiny(tok)
     run_checkpoint.save(

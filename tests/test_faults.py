@@ -24,10 +24,12 @@ import pytest
 from test_train import ROOT, TINY, records, run
 
 from gpt import data as gdata
-from gpt import run_checkpoint as rc
 from gpt import sample, train
-from gpt.checkpoint import CheckpointError
-from gpt.lock import LOCK_FILE
+from gpt.store import run_checkpoint as rc
+from gpt.store.errors import CheckpointError
+from gpt.store.lock import LOCK_FILE
+from gpt.train import loop as train_loop
+from gpt.train import setup as train_setup
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 MEM_LIMIT = 3 << 30  # address space of a subprocess: an allocation bug fails fast, not slowly
@@ -316,7 +318,7 @@ def _relabel(path: Path):
 
 def _nan_consistent(d: Path):
     """NaN weights with a matching sha256: a bug that saved NaN, not a corrupt file."""
-    from gpt.checkpoint import load_arrays, save_arrays
+    from gpt.store.checkpoint import load_arrays, save_arrays
 
     ckpt = ckpt_of(d)
     path = d / ckpt["files"]["model"]
@@ -525,7 +527,7 @@ def test_tampered_gpt2_directory(hf_dir, corpus, tmp_path, capsys, case):
 # ----------------------------------------------------------------------------- 4. divergence
 def _blow_up_at(monkeypatch, call: int, factor=1e4):
     """Scale every weight by `factor` inside the call-th clip_grad_norm_ (before that step)."""
-    calls, real = [], train.clip_grad_norm_
+    calls, real = [], train_loop.clip_grad_norm_
 
     def clip(params, max_norm):
         calls.append(1)
@@ -534,7 +536,7 @@ def _blow_up_at(monkeypatch, call: int, factor=1e4):
                 p.data = p.data * np.float32(factor)
         return real(params, max_norm)
 
-    monkeypatch.setattr(train, "clip_grad_norm_", clip)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", clip)
     return real
 
 
@@ -567,7 +569,7 @@ def test_divergence_stops_keeps_the_sane_checkpoint_and_advice_works(
     assert ("validation loss" in line) == (where == "eval")
     assert ckpt_of(out)["iter"] == 4  # the last checkpoint whose evaluation was sane
     assert rc.load(out)[0]["iter"] == 4 and not (out / "model-000006.safetensors").exists()
-    monkeypatch.setattr(train, "clip_grad_norm_", real)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", real)
     argv = _advice_argv(line)
     assert "--resume" in argv and "--lr" in argv
     assert train.main(argv) == 0, capsys.readouterr().err
@@ -670,7 +672,7 @@ def test_signal_between_steps_on_an_eval_iteration_is_exact(
     corpus, full6, tmp_path, monkeypatch, capsys
 ):
     """A signal during step 1 saves at iter 2 before its evaluation; the resume does it."""
-    calls, real = [], train.clip_grad_norm_
+    calls, real = [], train_loop.clip_grad_norm_
 
     def clip(params, max_norm):
         calls.append(1)
@@ -678,11 +680,11 @@ def test_signal_between_steps_on_an_eval_iteration_is_exact(
             signal.raise_signal(signal.SIGINT)
         return real(params, max_norm)
 
-    monkeypatch.setattr(train, "clip_grad_norm_", clip)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", clip)
     out = tmp_path / "between"
     assert run(corpus, out, "--max-iters", "6", "--eval-interval", "2")[0] == 130
     assert ckpt_of(out)["iter"] == 2 and ckpt_of(out)["evaluated"] is False
-    monkeypatch.setattr(train, "clip_grad_norm_", real)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", real)
     assert train.main(["--resume", "--out-dir", str(out)]) == 0
     assert_same_run(full6, out)
 
@@ -709,7 +711,7 @@ def test_signal_before_the_loop_exits_at_once(corpus, tmp_path, monkeypatch, cap
         signal.raise_signal(signal.SIGTERM)
         raise AssertionError("the signal did not stop the run")
 
-    monkeypatch.setattr(train, "load_data", stuck)
+    monkeypatch.setattr(train_setup, "load_data", stuck)
     code, _, err = run(corpus, tmp_path / "early", "--max-iters", "2", capsys=capsys)
     assert code == 143 and "SIGTERM" in err and "Traceback" not in err
     assert not (tmp_path / "early" / "ckpt.json").exists()
@@ -790,7 +792,7 @@ def test_worst_cli_inputs_in_a_subprocess(corpus, tmp_path):
 
 
 def test_memory_estimate_refuses_what_cannot_fit(corpus, tmp_path, monkeypatch, capsys):
-    from gpt import validate
+    from gpt.store import validate
 
     monkeypatch.setattr(validate, "available_memory", lambda: 1 << 10)  # 1 KiB
     code, _, err = run(corpus, tmp_path / "m", "--max-iters", "1", capsys=capsys)
@@ -803,9 +805,9 @@ def test_memory_estimate_refuses_what_cannot_fit(corpus, tmp_path, monkeypatch, 
 def test_expected_shapes_match_the_model():
     import math
 
-    from gpt import validate
     from gpt.config import GPTConfig
     from gpt.model import GPT
+    from gpt.store import validate
 
     for c in (
         GPTConfig.from_preset("tiny"),

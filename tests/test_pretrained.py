@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from gpt.checkpoint import CheckpointError
 from gpt.model import GPT
+from gpt.store.errors import CheckpointError
 
 N_LAYER, N_HEAD, C, BS, V = 2, 2, 16, 16, 32
 HF_CONFIG = {

@@ -7,15 +7,16 @@ the data with a tokenizer given from outside. Everything is tiny and offline.
 import io
 import json
 import random
+import re
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from gpt import run_checkpoint as rc
 from gpt import sample, train
 from gpt.config import GPTConfig
 from gpt.model import GPT
+from gpt.store import run_checkpoint as rc
 from gpt.tokenizer import BPETokenizer
 
 TINY = [
@@ -109,6 +110,7 @@ def test_sample_from_run_streams_prompt_and_samples(run_dir, capsys):
     assert first.startswith("to be") and second.startswith("to be")
     assert len(first) > len("to be")
     assert "best" in err  # which checkpoint was used
+    assert re.search(r"val loss \d+\.\d{4}\)", err), err  # rounded for people
 
 
 def test_sample_is_reproducible_with_seed_and_which_latest(run_dir, capsys):

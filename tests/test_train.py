@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-from gpt import run_checkpoint as rc
 from gpt import train
-from gpt.checkpoint import load_arrays
+from gpt.store import run_checkpoint as rc
+from gpt.store.checkpoint import load_arrays
+from gpt.train import loop as train_loop
 
 TINY = [
     "--n-layer",
@@ -192,7 +193,7 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(corpus, full_run, tmp_
 def test_sigint_in_process_then_resume_is_exact(corpus, full_run, tmp_path, monkeypatch, capsys):
     """A signal during step 2 finishes it, saves at iter 3 and the resume matches the full run."""
     calls = []
-    real = train.clip_grad_norm_
+    real = train_loop.clip_grad_norm_
 
     def clip(params, max_norm):
         calls.append(1)
@@ -200,13 +201,13 @@ def test_sigint_in_process_then_resume_is_exact(corpus, full_run, tmp_path, monk
             signal.raise_signal(signal.SIGINT)
         return real(params, max_norm)
 
-    monkeypatch.setattr(train, "clip_grad_norm_", clip)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", clip)
     out = tmp_path / "int"
     code, _, err = run(corpus, out, "--max-iters", "6", "--eval-interval", "3", capsys=capsys)
     assert code == 130
     assert "--resume" in err and str(out) in err
     assert json.loads((out / "ckpt.json").read_text())["iter"] == 3
-    monkeypatch.setattr(train, "clip_grad_norm_", real)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", real)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     assert train.main(["--resume", "--out-dir", str(out)]) == 0
     assert_same_steps(full_run, out)
@@ -240,7 +241,7 @@ def test_interrupted_checkpoint_write_keeps_previous(corpus, tmp_path, monkeypat
 
 def test_nan_gradient_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
     calls = []
-    real = train.clip_grad_norm_
+    real = train_loop.clip_grad_norm_
 
     def clip(params, max_norm):
         calls.append(1)
@@ -248,7 +249,7 @@ def test_nan_gradient_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, mon
             params[0].grad.data = params[0].grad.data * np.float32("nan")
         return real(params, max_norm)
 
-    monkeypatch.setattr(train, "clip_grad_norm_", clip)
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", clip)
     out = tmp_path / "nan"
     code, _, err = run(corpus, out, "--max-iters", "6", "--eval-interval", "3", capsys=capsys)
     assert code == 1

@@ -10,7 +10,7 @@ one with the lowest validation loss (weights only, no optimizer state)::
     optim-000500.safetensors   AdamW moments, as state.{i}.exp_avg and state.{i}.exp_avg_sq
 
 ckpt.json also records each array file's sha256, checked on load. Loading validates before
-it allocates (see gpt.validate): ckpt.json's fields are schema-checked, its file names must be
+it allocates (see gpt.store.validate): ckpt.json's fields are schema-checked, its file names must be
 plain names of regular files in the directory, and the safetensors headers must hold exactly
 the shapes (float32) the model config implies; weights with NaN or inf are refused.
 
@@ -29,7 +29,8 @@ import numpy as np
 import tensorgrad as tg
 
 from . import validate as v
-from .checkpoint import CheckpointError, atomic_write_json, load_arrays, read_json, save_arrays
+from .checkpoint import atomic_write_json, load_arrays, read_json, save_arrays
+from .errors import CheckpointError
 
 FORMAT = "tensorgrad-gpt/train-checkpoint/1"
 CKPT_JSON = "ckpt.json"
@@ -340,7 +341,7 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
     which='best' falls back to the latest checkpoint when the run has no best/ yet (it was
     stopped before its first evaluation).
     """
-    from .model import GPT
+    from ..model import GPT
 
     d = checkpoint_dir(out_dir, which)
     if which == "best" and not has_checkpoint(d) and has_checkpoint(out_dir):
@@ -365,7 +366,7 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
 
 def checked_tokenizer(ckpt: dict, config, where: str):
     """The checkpoint's tokenizer, which must have exactly the model's vocabulary size."""
-    from .tokenizer import tokenizer_from_dict
+    from ..tokenizer import tokenizer_from_dict
 
     try:
         tok = tokenizer_from_dict(ckpt["tokenizer"])

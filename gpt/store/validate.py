@@ -21,8 +21,8 @@ import re
 import stat
 from pathlib import Path
 
-from .checkpoint import CheckpointError
-from .config import GPTConfig
+from ..config import GPTConfig
+from .errors import CheckpointError
 
 # Upper bounds far above any model this project can train; they only stop absurd numbers
 # (the memory estimate is the real limit; n_layer's also bounds the Python objects, which

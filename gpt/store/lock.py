@@ -13,11 +13,9 @@ import fcntl
 import os
 from pathlib import Path
 
+from .errors import LockError
+
 LOCK_FILE = "gpt-train.lock"
-
-
-class LockError(Exception):
-    """The run directory is held by another live process (the message names its PID)."""
 
 
 def _pid_alive(pid: int) -> bool:

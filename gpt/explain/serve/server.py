@@ -1,7 +1,7 @@
 """gpt-explain --serve: a local page to step a GPT one training step at a time and watch it.
 
 ``make_server(session)`` is a standard-library ``ThreadingHTTPServer`` on 127.0.0.1 (a free
-port unless one is asked for) around one ``gpt.explain_steps.Session``:
+port unless one is asked for) around one ``gpt.explain.steps.Session``:
 
 - ``GET /``: the page (inline CSS and script, nothing fetched from elsewhere);
 - ``GET /api/state``: ``{"report": the last step's report or null, "trace": the history}``;
@@ -24,9 +24,12 @@ import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.resources import files
 
-from .explain_serve_page import PAGE
-from .explain_steps import STEPS_LIMIT, Session
+from ..steps import STEPS_LIMIT, Session
+
+# the page (package data): HTML, CSS and its script, nothing fetched from elsewhere
+PAGE = files(__package__).joinpath("page.html").read_text("utf-8")
 
 MAX_BODY = 64 * 1024  # a prompt is cut to max_tokens anyway
 

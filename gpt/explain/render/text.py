@@ -3,61 +3,47 @@
 Section by section as the report runs (tokens, forward stages, attention matrices, next
 token, loss terms, gradients with their finite-difference checks and the embedding split,
 AdamW, the predicted and measured loss change, the logit lens, the head ablation), in
-fixed-width columns; masked attention cells print as
-``·``, and parameters the loss never reached are flagged with ``!!!``. The small number and
-token formatters here (``_f``, ``_g``, ``_tok``, ``_shape``) and the AdamW-by-hand lines
-(``_element_text``) are shared with the HTML page in ``gpt.explain_html``.
+fixed-width columns within 100: masked attention cells print as ``·``, and parameters the
+loss never reached are flagged with ``!!!``. ``full=False`` (what ``gpt-explain`` prints
+unless ``--full``) gives a summary: long tables cut to their first rows, one line per forward
+stage, one attention head. The number and token formatters and the AdamW-by-hand lines live in ``fmt.py``, shared
+with the HTML page.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .diagnostics import OK
+from ...diagnostics import OK
+from .fmt import (
+    capped,
+    element_lines,
+    fit,
+    fmt_g,
+    fmt_shape,
+    fmt_token,
+    fmt_value,
+    matrix_lines,
+)
+
+BRIEF_ROWS = 5  # rows of each long table without --full
 
 
-def _f(x) -> str:
-    """A value, signed, 4 decimals (scientific when tiny); None is a masked -inf."""
-    if x is None:
-        return "  -inf "
-    return f"{x:+.4f}" if x == 0 or abs(x) >= 1e-3 else f"{x:+.1e}"
-
-
-def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def _tok(s: str, width: int = 0) -> str:
-    r = repr(s)
-    return (r[: width - 1] + "…" if width and len(r) > width else r).ljust(width)
-
-
-def _shape(shape, axes) -> str:
-    return "(" + ", ".join(map(str, shape)) + ") " + ",".join(axes)
-
-
-def _matrix(lines, rows, labels, fmt, masked=None):
-    w = 9
-    lines.append(" " * 16 + "".join(_tok(s, w - 1)[: w - 1].rjust(w) for s in labels))
-    for i, row in enumerate(rows):
-        cells = [
-            "·".rjust(w) if masked is not None and not masked[i][j] else fmt(v).rjust(w)
-            for j, v in enumerate(row)
-        ]
-        lines.append(f"  {i:>2} {_tok(labels[i], 11)}" + "".join(cells))
-
-
-def render_text(r: dict) -> str:
-    """The report as a terminal listing, section by section."""
+def render_text(r: dict, full: bool = True) -> str:
+    """The report as a terminal listing, section by section, within 100 columns. full=False:
+    the summary gpt-explain prints by default (about 150 lines): long tables cut to their
+    first rows, one line per forward stage, one attention head."""
+    n = None if full else BRIEF_ROWS
+    prompt = r["prompt"] if full or len(r["prompt"]) <= 60 else r["prompt"][:59] + "…"
     d, c, shown = r["dims"], r["config"], r["shown"]
     L, pos, T = shown["layer"], shown["position"], d["T"]
     labels = r["tokens"]["text"][:-1]
     out = [
-        f'gpt-explain: one training step on "{r["prompt"]}"',
+        f'gpt-explain: one training step on "{prompt}"',
         (
-            f"model: n_layer={c['n_layer']} n_head={c['n_head']} n_embd={c['n_embd']} "
-            f"block_size={c['block_size']} vocab_size={c['vocab_size']}, "
-            f"{c['n_params']:,} parameters; {r['tokenizer']['kind']} tokenizer; seed {r['seed']}"
+            f"model: n_layer {c['n_layer']}, n_head {c['n_head']}, n_embd {c['n_embd']}, "
+            f"block_size {c['block_size']}, vocab {c['vocab_size']}: {c['n_params']:,} "
+            f"parameters; {r['tokenizer']['kind']} tokenizer, seed {r['seed']}"
         ),
     ]
     if "source" in r:
@@ -70,18 +56,22 @@ def render_text(r: dict) -> str:
         "inputs x = tokens[:-1], targets y = tokens[1:]: every position predicts the next",
         "   t  input              -> target",
     ]
-    out += [
-        f"  {p['position']:>2}  {p['input_id']:>6} {_tok(p['input'], 11)} -> "
-        f"{p['target_id']:>6} {_tok(p['target'])}"
+    pairs = [
+        f"  {p['position']:>2}  {p['input_id']:>6} {fmt_token(p['input'], 11)} -> "
+        f"{p['target_id']:>6} {fmt_token(p['target'])}"
         for p in r["pairs"]
     ]
+    out += capped(pairs, n, "positions")
     out += [
         "",
         "== 2. forward " + "=" * 59,
         "B=1 T={T} C={C} nh={nh} hs={hs} V={V}; values at position t={p} ({tok}), head "
         "{h}; ‖∂L/∂·‖ is the stage's gradient after backward".format(
-            **d, p=pos, tok=_tok(labels[pos]), h=shown["heads"][0]
-        ),
+            **d, p=pos, tok=fmt_token(labels[pos]), h=shown["heads"][0]
+        )
+        if full
+        else "B=1 T={T} C={C} nh={nh} hs={hs} V={V} (--full: each stage's values and "
+        "gradient)".format(**d),
     ]
     summary_done = False
     for st in r["stages"]:
@@ -91,21 +81,22 @@ def render_text(r: dict) -> str:
         if st["key"] == f"h{L}.ln_1":
             out += _block_summaries(r, upto=L)
             out.append(f"-- block {L} (in full) --")
-        vals = " ".join(_f(v) for v in st["values"][: T if "T" in st["axes"][-1:] else 4])
+        shape = fmt_shape(st["shape"], st["axes"])
+        if not full:  # one line: the stage, its formula, its shape
+            out.append(f"{st['name']:<19} {st['formula']:<52} {shape}")
+            continue
+        vals = " ".join(fmt_value(v) for v in st["values"][: T if "T" in st["axes"][-1:] else 4])
         out.append(f"{st['name']:<19} {st['formula']}")
-        out.append(
-            f"    {_shape(st['shape'], st['axes']):<24} {st['at']:<14} {vals}"
-            f"   ‖∂L/∂·‖ {_g(st['grad_norm'])}"
-        )
-    out += _attention_text(r, labels)
+        out.append(f"    {shape:<24} {st['at']:<14} {vals}   ‖∂L/∂·‖ {fmt_g(st['grad_norm'])}")
+    out += _attention_text(r, labels, full)
     nt = r["next_token"]
     out += [
         "",
-        f"== 4. next token after {_tok(nt['input'])} (t={nt['position']}): top "
+        f"== 4. next token after {fmt_token(nt['input'])} (t={nt['position']}): top "
         f"{len(nt['top'])} of {d['V']} " + "=" * 20,
     ]
     out += [
-        f"  {k + 1}. {_tok(e['token'], 14)} id {e['id']:>6}  p = {e['prob']:.5f}"
+        f"  {k + 1}. {fmt_token(e['token'], 14)} id {e['id']:>6}  p = {e['prob']:.5f}"
         + ("   <- target" if e["id"] == nt["target_id"] else "")
         for k, e in enumerate(nt["top"])
     ]
@@ -115,17 +106,18 @@ def render_text(r: dict) -> str:
         "== 5. loss: cross-entropy, one term -log p(target) per position " + "=" * 8,
         "   t  target          p(target)   -log p",
     ]
-    out += [
-        f"  {t['position']:>2}  {_tok(t['target'], 14)} {t['prob']:10.6f} {t['loss']:9.4f}"
+    terms = [
+        f"  {t['position']:>2}  {fmt_token(t['target'], 14)} {t['prob']:10.6f} {t['loss']:9.4f}"
         for t in lo["terms"]
     ]
+    out += capped(terms, n, "positions")
     out.append(
-        f"  loss = mean of the {T} terms = {lo['value']:.6f}  (mean recomputed "
-        f"{lo['mean_of_terms']:.6f}; model(idx, targets) gives {lo['model_forward']:.6f})"
+        f"  loss = mean of the {T} terms = {lo['value']:.6f} (recomputed "
+        f"{lo['mean_of_terms']:.6f}; model(idx, targets): {lo['model_forward']:.6f})"
     )
-    out += _gradients_text(r) + _checks_text(r) + _adamw_text(r) + _change_text(r)
+    out += _gradients_text(r, n) + _checks_text(r, n) + _adamw_text(r, n) + _change_text(r)
     out += _lens_text(r) + _ablation_text(r)
-    return "\n".join(out) + "\n"
+    return "\n".join(fit(out)) + "\n"
 
 
 def _block_summaries(r, upto=None, skip=None):
@@ -137,25 +129,26 @@ def _block_summaries(r, upto=None, skip=None):
     return [
         f"-- block {b['block']} (summary): rms in {b['rms_in']:.4f}, + attention "
         f"{b['rms_attn']:.4f}, + MLP {b['rms_mlp']:.4f}, rms out {b['rms_out']:.4f}; "
-        f"‖∂L/∂out‖ {_g(b['grad_norm_out'])}"
+        f"‖∂L/∂out‖ {fmt_g(b['grad_norm_out'])}"
         for b in rows
     ]
 
 
-def _attention_text(r, labels):
+def _attention_text(r, labels, full: bool):
     a, T = r["attention"], r["dims"]["T"]
-    out = [
-        "",
-        f"== 3. attention of block {a['layer']} " + "=" * 44,
-        "causal mask (0 = may attend, -inf = the future):",
-    ]
-    _matrix(
-        out,
-        [[0.0 if m else None for m in row] for row in r["causal_mask"]],
-        labels,
-        lambda v: "0" if v is not None else "-inf",
-    )
-    for h in a["heads"]:
+    n = None if full else BRIEF_ROWS
+    out = ["", f"== 3. attention of block {a['layer']} " + "=" * 44]
+    if full:
+        out.append("causal mask (0 = may attend, -inf = the future):")
+        matrix_lines(
+            out,
+            [[0.0 if m else None for m in row] for row in r["causal_mask"]],
+            labels,
+            lambda v: "0" if v is not None else "-inf",
+        )
+    else:
+        out.append("causal mask: query t may attend to keys s <= t; s > t (the future) is -inf")
+    for h in a["heads"] if full else a["heads"][:1]:
         w = np.asarray(h["weights"])
         sums = w.sum(axis=1)
         upper = w[np.triu_indices(T, k=1)]
@@ -163,7 +156,7 @@ def _attention_text(r, labels):
             f"head {h['head']}: softmax(q·kᵀ/√hs + mask); rows = query t, columns = key s,"
             f" · = masked"
         )
-        _matrix(out, h["weights"], labels, lambda v: f"{v:.4f}", r["causal_mask"])
+        matrix_lines(out, h["weights"], labels, lambda v: f"{v:.4f}", r["causal_mask"], n)
         out.append(
             f"    rows sum to 1 (max |sum - 1| = {np.abs(sums - 1).max():.1e}); "
             f"{upper.size} entries above the diagonal, "
@@ -172,7 +165,7 @@ def _attention_text(r, labels):
     return out
 
 
-def _gradients_text(r):
+def _gradients_text(r, n):
     out = ["", "== 6. backward: ‖∂L/∂w‖ for every parameter (c_attn.weight as W_Q, W_K, W_V) ==="]
     if r["no_gradient"]:
         out.append(
@@ -182,16 +175,18 @@ def _gradients_text(r):
         out += [f"!!!   {e['name']}: {e['status']}" for e in r["no_gradient"]]
     width = max(len(g["name"]) for g in r["gradients"])
     out.append(f"  {'parameter':<{width}} {'shape':>10} {'‖w‖':>10} {'‖∂L/∂w‖':>10}")
-    for g in r["gradients"]:
+    rows = []
+    # without --full: the flagged parameters first, so that a cut table still shows them
+    for g in sorted(r["gradients"], key=lambda g: g["status"] == OK) if n else r["gradients"]:
         flag = "" if g["status"] == OK else f"   <-- !!! {g['status'].upper()}"
-        out.append(
+        rows.append(
             f"  {g['name']:<{width}} {'x'.join(map(str, g['shape'])):>10} "
-            f"{g['weight_norm']:>10.4g} {_g(g['grad_norm']):>10}{flag}"
+            f"{g['weight_norm']:>10.4g} {fmt_g(g['grad_norm']):>10}{flag}"
         )
-    return out
+    return out + capped(rows, n, "parameters")
 
 
-def _adamw_text(r):
+def _adamw_text(r, n):
     a = r["adamw"]
     out = [
         "",
@@ -202,54 +197,16 @@ def _adamw_text(r):
     ]
     width = max(len(p["name"]) for p in a["params"])
     out.append(f"  {'parameter':<{width}} {'‖Δw‖':>10} {'‖Δw‖/‖w‖':>10}")
+    rows = []
     for p in a["params"]:
         extra = "   (skipped: no gradient)" if p["skipped"] else ""
-        out.append(f"  {p['name']:<{width}} {p['update_norm']:>10.3g} {_g(p['ratio']):>10}" + extra)
-    return out + [""] + _element_text(a["element"])
+        rows.append(
+            f"  {p['name']:<{width}} {p['update_norm']:>10.3g} {fmt_g(p['ratio']):>10}" + extra
+        )
+    return out + capped(rows, n, "parameters") + [""] + element_lines(a["element"])
 
 
-def _element_text(e):
-    """The AdamW update of one W_Q element, every number of the formula on its own line."""
-    out = [
-        f"== 8. one weight by hand: W_Q[{e['row']}, {e['col']}] of block {e['layer']} " + "=" * 20,
-        (
-            f"  = c_attn.weight[{e['row']}, {e['col']}]: query feature {e['row']} (head "
-            f"{e['head']}, dim {e['head_dim']}) from input feature {e['col']}"
-        ),
-    ]
-    if e.get("skipped"):
-        return out + [
-            (
-                f"  w = {e['weight']:.10f} got no gradient: AdamW skips it "
-                f"(new value {e['new_weight']:.10f})"
-            )
-        ]
-    out += [
-        f"  w                         = {e['weight']:+.10f}",
-        f"  g = ∂L/∂w                 = {e['grad']:+.6e}",
-        (
-            f"  lr = {e['lr']:g}, β1 = {e['beta1']:g}, β2 = {e['beta2']:g}, ε = {e['eps']:g}, "
-            f"weight decay λ = {e['weight_decay']:g}, step t = {e['step']}"
-        ),
-        f"  m = β1·m + (1-β1)·g       = {e['m']:+.6e}   "
-        + ("(m starts at 0)" if e["step"] == 1 else f"(m was {e['m_prev']:+.6e})"),
-        f"  v = β2·v + (1-β2)·g²      = {e['v']:.6e}   "
-        + ("(v starts at 0)" if e["step"] == 1 else f"(v was {e['v_prev']:.6e})"),
-        f"  m̂ = m / (1-β1^t)          = {e['m_hat']:+.6e}   (1-β1^t = {e['bias_correction1']:.6g})",
-        f"  v̂ = v / (1-β2^t)          = {e['v_hat']:.6e}   (1-β2^t = {e['bias_correction2']:.6g})",
-        f"  w·(1 - lr·λ)              = {e['decayed']:+.10f}   (decoupled weight decay)",
-        f"  lr · m̂ / (√v̂ + ε)         = {e['update']:+.10f}",
-        (
-            f"  new w = w·(1-lr·λ) - lr·m̂/(√v̂+ε) = {e['formula_new']:+.10f}   "
-            f"(the optimizer wrote {e['new_weight']:+.10f})"
-        ),
-        f"  plain SGD, w - lr·g, would give {e['sgd_new']:+.10f}: Adam's first step moves every",
-        "  weight by about lr whatever the size of its gradient (m̂/√v̂ = sign(g) at t = 1)",
-    ]
-    return out
-
-
-def _checks_text(r):
+def _checks_text(r, n):
     fd, es = r.get("finite_differences") or [], r.get("embedding_split") or {}
     out = []
     if fd:
@@ -262,14 +219,16 @@ def _checks_text(r):
             ),
             f"  {'element':<24} {'∂L/∂w (tape)':>14} {'finite diff.':>14} {'rel. err':>9}",
         ]
-        out += [
+        # without --full: the disagreeing elements first, so that a cut table still shows them
+        rows = [
             (
                 f"  {e['label'] + str(e['index']):<24} {_e6(e['grad']):>14} "
-                f"{_e6(e['fd']):>14} {_g(e['rel_err']):>9}  "
+                f"{_e6(e['fd']):>14} {fmt_g(e['rel_err']):>9}  "
                 f"{'agree' if e['agree'] else '!!! DISAGREE'}"
             )
-            for e in fd
+            for e in (sorted(fd, key=lambda e: e["agree"]) if n else fd)
         ]
+        out += capped(rows, n, "elements")
         out.append(f"  {len(fd) - bad} of {len(fd)} agree" + (f"; !!! {bad} DO NOT" if bad else ""))
     if es.get("tied"):
         out += [
@@ -282,11 +241,12 @@ def _checks_text(r):
             ),
             f"  {'token':<16} {'‖logits part‖':>14} {'‖lookup part‖':>14} {'‖total‖':>10}",
         ]
-        out += [
-            f"  {_tok(w['token'], 16)} {w['logits_norm']:>14.4g} {w['lookup_norm']:>14.4g} "
+        rows = [
+            f"  {fmt_token(w['token'], 16)} {w['logits_norm']:>14.4g} {w['lookup_norm']:>14.4g} "
             f"{w['total_norm']:>10.4g}"
             for w in es["rows"]
         ]
+        out += capped(rows, n, "tokens")
         out.append("  (rows of tokens that are not inputs get only the logits part)")
     return out
 
@@ -308,7 +268,7 @@ def _change_text(r):
             f"{c['loss_before']:.8f} = {c['measured']:+.6e}"
         ),
         (
-            f"  measured / predicted = {_g(c['ratio'])}; the rest, {c['second_order']:+.2e}, "
+            f"  measured / predicted = {fmt_g(c['ratio'])}; the rest, {c['second_order']:+.2e}, "
             "is the second-order term (shrinks as lr²)"
         ),
         "  largest contributions g·Δw: "
@@ -324,13 +284,13 @@ def _lens_text(r):
     nt = r["predictions"][t]
     out = [
         "",
-        f"== 9. logit lens at t={t} (after {_tok(nt['input'])}, target "
-        f"{_tok(nt['target'])}): ln_f(x)·Eᵀ read after each block " + "=" * 4,
+        f"== 9. logit lens at t={t} (after {fmt_token(nt['input'])}, target "
+        f"{fmt_token(nt['target'])}): ln_f(x)·Eᵀ read after each block " + "=" * 4,
         f"  {'read after':<12} {'lens loss':>9} {'p(target)':>10}  top {lens['top_k']}",
     ]
     for lay in lens["layers"]:
         q = lay["positions"][t]
-        top = ", ".join(f"{_tok(e['token'])} {e['prob']:.3f}" for e in q["top"])
+        top = ", ".join(f"{fmt_token(e['token'])} {e['prob']:.3f}" for e in q["top"])
         out.append(f"  {lay['after']:<12} {lay['loss']:9.4f} {q['target_prob']:10.6f}  {top}")
     return out
 

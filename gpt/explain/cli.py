@@ -18,30 +18,26 @@ import numpy as np
 
 import tensorgrad as tg
 
-from .config import PRESETS, GPTConfig
-from .explain import (
-    DEFAULT_PROMPT,
-    MAX_TOKENS,
-    TOKEN_LIMIT,
-    explain,
-    prompt_ids,
-    prompt_tokenizer,
-    render_html,
-    render_text,
-)
-from .model import GPT
+from ..config import PRESETS, GPTConfig
+from ..model import GPT
+from ..store.errors import CheckpointError
+from ..store.run_checkpoint import load_model
+from ..tokenizer import load_tokenizer_dir
+from .render.html import render_html
+from .render.plots import save_steps_png
+from .render.steps import render_steps_html, render_steps_text
+from .render.text import render_text
+from .report import DEFAULT_PROMPT, MAX_TOKENS, TOKEN_LIMIT, explain, prompt_ids, prompt_tokenizer
+from .serve.server import serve
+from .steps import follow_steps
 
 
 def load(args):
     """(model, tokenizer, description) from --out-dir, --init-from, or a fresh preset model."""
     if args.out_dir:
-        from .run_checkpoint import load_model
-
         model, tok, _, d = load_model(args.out_dir, which=args.which)
         return model, tok, f"trained run {d}"
     if args.init_from:
-        from .tokenizer import load_tokenizer_dir
-
         return (
             GPT.from_pretrained(args.init_from),
             load_tokenizer_dir(args.init_from),
@@ -157,6 +153,25 @@ def parser() -> argparse.ArgumentParser:
         default=2,
         help="elements per matrix checked by float64 finite differences (0: no checks)",
     )
+    _add_training_args(ap)
+    ap.add_argument("--format", choices=("text", "json", "html"), default="text")
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="text format: every section and every row (default: a summary that fits 100 "
+        "columns and about 150 lines)",
+    )
+    ap.add_argument("-o", "--output", help="write here instead of stdout")
+    ap.add_argument(
+        "--graph",
+        help="also write the autograd graph of the loss (.dot, or .svg/"
+        ".png/.pdf with Graphviz installed)",
+    )
+    return ap
+
+
+def _add_training_args(ap) -> None:
+    """The step's hyperparameters, --steps and --serve."""
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
@@ -189,14 +204,6 @@ def parser() -> argparse.ArgumentParser:
         "watch it (http://127.0.0.1, a free port unless --port)",
     )
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--format", choices=("text", "json", "html"), default="text")
-    ap.add_argument("-o", "--output", help="write here instead of stdout")
-    ap.add_argument(
-        "--graph",
-        help="also write the autograd graph of the loss (.dot, or .svg/"
-        ".png/.pdf with Graphviz installed)",
-    )
-    return ap
 
 
 def _check_args(ap, args):
@@ -240,8 +247,6 @@ def _write(args, text: str) -> None:
 
 
 def _run(args) -> int:
-    from .checkpoint import CheckpointError
-
     try:
         model, tok, source = load(args)
     except (CheckpointError, ValueError, OSError, RuntimeError, KeyError) as e:
@@ -251,8 +256,6 @@ def _run(args) -> int:
     head = args.heads[0] if args.heads else 0
     follow = _resolve_follow(args.follow, args.layer, C)
     if args.serve:
-        from .explain_serve import serve
-
         return serve(
             model,
             tok,
@@ -269,8 +272,6 @@ def _run(args) -> int:
             source=source,
         )
     if args.steps is not None:
-        from .explain_steps import follow_steps, render_steps_html, render_steps_text
-
         t = follow_steps(
             model,
             tok,
@@ -290,8 +291,6 @@ def _run(args) -> int:
         elif args.format == "html":
             _write(args, render_steps_html(t))
         else:
-            from .explain_plots import save_steps_png
-
             _write(args, render_steps_text(t, save_steps_png(t, args.plot)))
         return 0
     graph_error = _graph(args, model, tok) if args.graph else None
@@ -318,7 +317,7 @@ def _run(args) -> int:
     elif args.format == "html":
         text = render_html(report)
     else:
-        text = render_text(report)
+        text = render_text(report, full=args.full)
     _write(args, text)
     return 1 if graph_error else 0
 

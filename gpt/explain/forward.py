@@ -3,7 +3,7 @@
 ``forward(model, idx, targets, rec, layer)`` is the model's forward with the attention spelled
 out (q·kᵀ/√hs, the causal mask, softmax, ·v), so that any stage can be recorded with its
 gradient (``Recorder``), and so that a head's output can be zeroed (``ablate``) for the
-per-head ablation of ``gpt.explain_lens``. The small array helpers shared by the explain
+per-head ablation of ``gpt.explain.lens``. The small array helpers shared by the explain
 modules live here too.
 """
 

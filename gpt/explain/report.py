@@ -3,17 +3,17 @@
 ``explain(model, tokenizer, prompt)`` runs the step and returns a JSON-able report:
 
 1. the prompt's token ids and the (input, target) pairs: inputs tokens[:-1], targets tokens[1:];
-2. the forward pass, re-run stage by stage from the model's own modules (gpt.explain_forward):
+2. the forward pass, re-run stage by stage from the model's own modules (gpt.explain.forward):
    embeddings, then for the chosen block every stage (ln_1, c_attn, q/k/v, heads, q·kᵀ/√hs,
    causal mask, softmax, ·v, merged heads, W_O, residual, ln_2, MLP, residual), the other
    blocks as one summary line each, then ln_f, the tied logits H·Eᵀ and the softmax; the loss
    must match ``model(idx, targets)``;
 3. the attention matrix of every head, the top-k next tokens, the loss and its per-position terms;
-4. inside the prediction (gpt.explain_lens): the logit lens after every block and the Δloss of
+4. inside the prediction (gpt.explain.lens): the logit lens after every block and the Δloss of
    zeroing each head;
 5. the backward pass: every parameter's gradient norm (c_attn's weight as its W_Q, W_K, W_V
    row blocks), loudly flagging parameters the loss never reached; beside it the evidence
-   (gpt.explain_checks): float64 central differences for a few elements, and the tied
+   (gpt.explain.checks): float64 central differences for a few elements, and the tied
    embedding's gradient split into its logits and lookup parts;
 6. one AdamW step (``model.configure_optimizers``, or the optimizer passed in, whose moments
    then carry over from earlier steps): per parameter ‖Δw‖ and ‖Δw‖/‖w‖, for one element of
@@ -24,49 +24,38 @@ Dropout is switched off (eval mode) during the step, so every printed number is 
 and attention rows sum to exactly 1. The model's weights are updated in place, as training
 would. The prompt is cut to ``max_tokens`` tokens and to the model's block size (with a
 note), and the every-block attention maps are kept within ``MAX_MAP_CELLS``, so the report of
-a long prompt stays small. ``render_text`` and ``render_html`` (gpt.explain_text,
-gpt.explain_html) turn the report into a terminal listing or one self-contained HTML page;
-the command line (``--steps``, ``--serve`` and the rest) is in gpt.explain_cli.
+a long prompt stays small. ``render_text`` and ``render_html`` (gpt.explain.render.text,
+gpt.explain.render.html) turn the report into a terminal listing or one self-contained HTML page;
+the command line (``--steps``, ``--serve`` and the rest) is in gpt.explain.cli.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
 import tensorgrad as tg
 from tensorgrad import device_of, to_device
 
-from .explain_checks import (
+from ..diagnostics import OK, grad_status
+from ..model import GPT
+from ..tokenizer import BPETokenizer, CharTokenizer
+from .checks import (
     embedding_split,
     finite_differences,
     float64_copy,
     loss64,
     loss_change,
 )
-from .explain_forward import Recorder, forward, host, norm, num, rms
-from .explain_html import render_html
-from .explain_lens import head_ablation, logit_lens
-from .explain_text import render_text
-from .model import GPT
-
-__all__ = ["explain", "main", "prompt_tokenizer", "render_html", "render_text"]
+from .forward import Recorder, forward, host, norm, num, rms
+from .lens import head_ablation, logit_lens
 
 DEFAULT_PROMPT = "The capital of France is Paris"
-OK, NO_GRAD, ZERO, NON_FINITE = "ok", "no grad", "zero", "non-finite"  # as gpt.diagnostics
 N_VALUES = 4  # how many features of a vector the report shows
 MAX_TOKENS = 64  # default cut of the prompt: a char-level 5,000-character prompt stays small
 TOKEN_LIMIT = 256  # the largest --max-tokens accepted: the HTML page grows as T²
 MAX_MAP_CELLS = 1 << 15  # attention cells kept for the every-block, every-head maps
-
-
-def _status(g) -> tuple[float | None, str]:
-    if g is None:
-        return None, NO_GRAD
-    n = norm(g)
-    return n, OK if math.isfinite(n) and n > 0 else (ZERO if n == 0 else NON_FINITE)
 
 
 def _sample(a: np.ndarray, axes, position: int, head: int):
@@ -107,6 +96,38 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
     return ids, notes
 
 
+def _check_choices(cfg, ids, layer: int, heads, position, notes: list) -> tuple[list, int]:
+    """(heads, position) checked against the model and the prompt; notes gets what the
+    reader must know (dropout off, one position)."""
+    if max(ids) >= cfg.vocab_size:
+        raise ValueError(
+            f"token id {max(ids)} is outside the model's vocabulary "
+            f"({cfg.vocab_size}); the tokenizer does not fit the model"
+        )
+    T, nh = len(ids) - 1, cfg.n_head
+    if not 0 <= layer < cfg.n_layer:
+        raise ValueError(f"layer {layer} is outside 0..{cfg.n_layer - 1}")
+    heads = list(range(min(nh, 4))) if heads is None else [int(h) for h in heads]
+    if not heads or any(not 0 <= h < nh for h in heads):
+        raise ValueError(f"heads {heads} must be in 0..{nh - 1}")
+    position = T - 1 if position is None else int(position)
+    if position < 0:
+        position += T
+    if not 0 <= position < T:
+        raise ValueError(f"position must be in 0..{T - 1} (or -{T}..-1), got {position}")
+    if cfg.dropout > 0:
+        notes.append(
+            f"dropout (p = {cfg.dropout}) is off for this step, so that the numbers "
+            "repeat and attention rows sum to exactly 1"
+        )
+    if T == 1:
+        notes.append(
+            "with one position, softmax over a single key is constant: W_Q and W_K "
+            "cannot get a gradient (use a longer prompt)"
+        )
+    return heads, position
+
+
 # ----------------------------------------------------------------------------- explain
 def explain(
     model: GPT,
@@ -144,33 +165,8 @@ def explain(
     """
     cfg = model.config
     ids, notes = prompt_ids(tokenizer, prompt, cfg.block_size, max_tokens)
-    if max(ids) >= cfg.vocab_size:
-        raise ValueError(
-            f"token id {max(ids)} is outside the model's vocabulary "
-            f"({cfg.vocab_size}); the tokenizer does not fit the model"
-        )
-    T, C, nh = len(ids) - 1, cfg.n_embd, cfg.n_head
-    hs = C // nh
-    if not 0 <= layer < cfg.n_layer:
-        raise ValueError(f"layer {layer} is outside 0..{cfg.n_layer - 1}")
-    heads = list(range(min(nh, 4))) if heads is None else [int(h) for h in heads]
-    if not heads or any(not 0 <= h < nh for h in heads):
-        raise ValueError(f"heads {heads} must be in 0..{nh - 1}")
-    position = T - 1 if position is None else int(position)
-    if position < 0:
-        position += T
-    if not 0 <= position < T:
-        raise ValueError(f"position must be in 0..{T - 1} (or -{T}..-1), got {position}")
-    if cfg.dropout > 0:
-        notes.append(
-            f"dropout (p = {cfg.dropout}) is off for this step, so that the numbers "
-            "repeat and attention rows sum to exactly 1"
-        )
-    if T == 1:
-        notes.append(
-            "with one position, softmax over a single key is constant: W_Q and W_K "
-            "cannot get a gradient (use a longer prompt)"
-        )
+    heads, position = _check_choices(cfg, ids, layer, heads, position, notes)
+    T, C = len(ids) - 1, cfg.n_embd
 
     tg.manual_seed(seed)
     dev = device_of(model.transformer.wte.weight.data)
@@ -217,20 +213,26 @@ def explain(
         report["followed"] = report["adamw"].pop("followed")
     finally:
         model.train(was_training)
-    d = cfg.to_dict()
-    report.update(
-        prompt=prompt,
-        notes=notes,
-        seed=seed,
-        config=dict(d, head_size=hs, n_params=model.num_params(non_embedding=False)),
+    shown = {"layer": layer, "heads": heads, "position": position}
+    report.update(prompt=prompt, notes=notes, seed=seed, **_setting(model, tokenizer, T, shown))
+    return report
+
+
+def _setting(model, tokenizer, T: int, shown: dict) -> dict:
+    """The report's config, tokenizer, shown and dims entries."""
+    cfg = model.config
+    C, nh = cfg.n_embd, cfg.n_head
+    return dict(
+        config=dict(
+            cfg.to_dict(), head_size=C // nh, n_params=model.num_params(non_embedding=False)
+        ),
         tokenizer={
             "kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
             "vocab_size": int(tokenizer.vocab_size),
         },
-        shown={"layer": layer, "heads": heads, "position": position},
-        dims={"B": 1, "T": T, "C": C, "nh": nh, "hs": hs, "V": cfg.vocab_size},
+        shown=shown,
+        dims={"B": 1, "T": T, "C": C, "nh": nh, "hs": C // nh, "V": cfg.vocab_size},
     )
-    return report
 
 
 def _forward_report(
@@ -347,7 +349,8 @@ def _gradients(model, C):
     for name, p in model.named_parameters():
         w, g = host(p), None if p.grad is None else host(p.grad)
         for label, rs in _qkv_rows(name, p.shape, C):
-            n, status = _status(None if g is None else g[rs])
+            n = None if g is None else norm(g[rs])
+            status = grad_status(n)
             rows.append(
                 {
                     "name": label,
@@ -537,20 +540,7 @@ def _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_pre
 def prompt_tokenizer(prompt: str, kind: str = "bpe"):
     """A tokenizer learned from the prompt alone: byte-level BPE merged until every word is one
     token ('bpe'), or one token per character ('char')."""
-    from .tokenizer import BPETokenizer, CharTokenizer
-
     if kind == "char":
         return CharTokenizer.train(prompt)
     # 256 bytes + at most one merge per byte + <|endoftext|>: BPE stops when pairs run out
     return BPETokenizer.train(prompt, vocab_size=257 + len(prompt.encode("utf-8")))
-
-
-def main(argv=None) -> int:
-    """The gpt-explain command (see gpt.explain_cli)."""
-    from .explain_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

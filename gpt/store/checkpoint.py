@@ -17,11 +17,18 @@ import numpy as np
 
 from tensorgrad import to_numpy
 
-from .config import GPTConfig
-
-
-class CheckpointError(Exception):
-    """A checkpoint is missing, unreadable or does not fit (message says which file)."""
+from ..config import GPTConfig
+from .errors import CheckpointError
+from .validate import (
+    check_memory,
+    check_tensors,
+    estimate_bytes,
+    expected_shapes,
+    gib,
+    hf_model_config,
+    read_header,
+    regular_file,
+)
 
 
 def atomic_write_bytes(path, data) -> None:
@@ -62,8 +69,6 @@ def atomic_write_json(path, obj) -> None:
 
 def read_json(path, max_bytes: int = 256 << 20) -> dict:
     """A JSON file that must be a regular file of at most max_bytes (not a FIFO or device)."""
-    from .validate import regular_file
-
     regular_file(Path(path), "a JSON file", max_bytes)
     try:
         return json.loads(Path(path).read_text("utf-8"))
@@ -93,8 +98,6 @@ def load_arrays(
     given), and every float array is finite. Each failure is one CheckpointError line.
     """
     from safetensors.numpy import load
-
-    from .validate import check_tensors, read_header
 
     path = Path(path)
     header = read_header(path)
@@ -139,8 +142,6 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 
 def hf_config(d, where: str = "config.json") -> GPTConfig:
     """GPTConfig from a HuggingFace GPT-2 config.json dict (each field type- and range-checked)."""
-    from .validate import hf_model_config
-
     fields = hf_model_config(d, where)
     act = d.get("activation_function", "gelu_new")
     if act not in _HF_GELU:
@@ -161,15 +162,6 @@ def check_hf_dir(path) -> GPTConfig:
     """The GPTConfig of a GPT-2 directory, validated without loading a weight: config.json's
     fields, the memory the model needs, and model.safetensors' header (every tensor's shape
     and a float dtype) against the config."""
-    from .validate import (
-        check_memory,
-        check_tensors,
-        estimate_bytes,
-        expected_shapes,
-        gib,
-        read_header,
-    )
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (expected a GPT-2 checkpoint directory)")

@@ -1,4 +1,4 @@
-"""PNG plots of a ``gpt-explain --steps`` trace (matplotlib, the optional 'plot' extra).
+"""PNG plots of a ``gpt-explain --steps`` trace (matplotlib, a default dependency).
 
 ``save_steps_png(trace, path)`` draws the loss, and per followed weight its value, gradient
 with Adam's m, and update over the steps, then the followed head's attention at the snapshot
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-INSTALL = "pip install 'tensorgrad-gpt[plot]'"
+INSTALL = "pip install matplotlib"
 
 
 def save_steps_png(t: dict, path) -> str:

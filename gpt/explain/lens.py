@@ -8,7 +8,7 @@
   every head of every block, as Δloss = loss(ablated) - loss: how much the prediction leans on
   that head.
 
-Both run without gradient on the model's own modules (``gpt.explain_forward``), dropout off.
+Both run without gradient on the model's own modules (``gpt.explain.forward``), dropout off.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import get_array_module
 
-from .explain_forward import block_forward, embed, host, unembed
+from .forward import block_forward, embed, host, unembed
 
 
 def _loss(logits, targets) -> float:

@@ -7,36 +7,15 @@ head, the next-token bars, the loss terms, gradients and AdamW tables with the p
 loss never reached in red, the one W_Q weight worked by hand, then the evidence (finite
 differences, the embedding split, the predicted and measured loss change), the logit lens and
 the head ablation. Number formatting is shared with the terminal listing in
-``gpt.explain_text``.
+``gpt.explain.render.fmt``.
 """
 
 from __future__ import annotations
 
-import html
+from ...diagnostics import OK
+from .fmt import element_lines, fmt_g, fmt_shape, fmt_token, fmt_value
+from .svg import CSS, escape, heatmap
 
-from .diagnostics import OK
-from .explain_text import _element_text, _f, _g, _shape, _tok
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;
-max-width:1150px;color:#1f2933;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}
-h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de}
-.meta,.note{color:#52606d}.note{font-style:italic}
-table{border-collapse:collapse;font-size:12.5px}td,th{padding:2px 8px;text-align:right;
-border-bottom:1px solid #eef1f4}th{background:#f5f7fa}td.l,th.l{text-align:left}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
-.chip{display:inline-block;border:1px solid #9fb3c8;border-radius:4px;padding:2px 6px;margin:2px;
-background:#f0f4f8}.chip small{display:block;color:#627d98;font-size:10px;text-align:center}
-.heads{display:flex;flex-wrap:wrap;gap:18px}.heads figure{margin:0}
-figcaption{font-size:12px;color:#52606d;text-align:center}
-.thumbs{display:flex;flex-wrap:wrap;gap:10px;align-items:flex-end}
-.bar{height:12px;background:#3e7cb1;display:inline-block;vertical-align:middle}
-.alarm{background:#ffe3e3;border:2px solid #d64545;color:#8a1c1c;padding:8px 12px;
-font-weight:bold;margin:8px 0}tr.bad td{background:#ffe3e3;color:#8a1c1c;font-weight:bold}
-.calc td{text-align:left}.calc td:first-child{color:#52606d}
-.layout{display:flex;gap:24px;align-items:flex-start}
-"""
 _GROUPS = {
     "emb": "#fde68a",
     "norm": "#fecaca",
@@ -46,82 +25,6 @@ _GROUPS = {
     "head": "#fed7aa",
     "block": "#e5e7eb",
 }
-
-
-def _e(s) -> str:
-    return html.escape(str(s), quote=True)
-
-
-def _heat(w: float) -> str:
-    lo, hi = (247, 251, 255), (8, 48, 107)  # white to dark blue
-    return "#" + "".join(f"{round(a + w * (b - a)):02x}" for a, b in zip(lo, hi))
-
-
-def _heatmap(weights, allowed, labels, title, cell=None, uid="h") -> str:
-    """One attention matrix as an SVG grid: rows = queries, columns = keys; masked cells
-    hatched grey (their weight is exactly 0)."""
-    T = len(weights)
-    small = cell is not None and cell < 12
-    cell = cell or max(16, min(46, 460 // max(T, 1)))
-    pad = 0 if small else 96
-    size = pad + T * cell
-    out = [
-        (
-            f'<svg class="heatmap" width="{size}" height="{size}" '
-            f'viewBox="0 0 {size} {size}" role="img" aria-label="{_e(title)}">'
-        ),
-        (
-            f'<defs><pattern id="hatch-{uid}" width="6" height="6" '
-            'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-            '<rect width="6" height="6" fill="#e4e7eb"/><line x1="0" y1="0" x2="0" y2="6" '
-            'stroke="#9aa5b1" stroke-width="2"/></pattern></defs>'
-        ),
-    ]
-    for i in range(T):
-        if not small:
-            y = pad + i * cell + cell / 2 + 4
-            out.append(
-                f'<text x="{pad - 4}" y="{y:.1f}" text-anchor="end" font-size="11">'
-                f"{_e(_tok(labels[i], 12))}</text>"
-            )
-            x = pad + i * cell + cell / 2 + 4
-            out.append(
-                f'<text transform="translate({x:.1f},{pad - 4}) rotate(-55)" '
-                f'font-size="11">{_e(_tok(labels[i], 12))}</text>'
-            )
-        for j in range(T):
-            x, y, w = pad + j * cell, pad + i * cell, weights[i][j]
-            if allowed[i][j] and small:  # a thumbnail: no tooltip, a fraction of the bytes
-                out.append(
-                    f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
-                    f'fill="{_heat(w)}"/>'
-                )
-            elif allowed[i][j]:
-                tip = f"query t={i} {labels[i]!r} -> key s={j} {labels[j]!r}: {w:.4f}"
-                out.append(
-                    f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" '
-                    f'fill="{_heat(w)}" stroke="#fff"><title>{_e(tip)}</title></rect>'
-                )
-                if cell >= 34:
-                    color = "#fff" if w > 0.5 else "#1f2933"
-                    out.append(
-                        f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
-                        f'text-anchor="middle" fill="{color}">{w:.2f}</text>'
-                    )
-            elif small:
-                out.append(
-                    f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
-                    f'height="{cell}" fill="#e4e7eb"/>'
-                )
-            else:
-                tip = f"query t={i} -> key s={j}: masked (the future), weight {w:g}"
-                out.append(
-                    f'<rect class="cell masked" x="{x}" y="{y}" width="{cell}" '
-                    f'height="{cell}" fill="url(#hatch-{uid})" stroke="#fff">'
-                    f"<title>{_e(tip)}</title></rect>"
-                )
-    out.append("</svg>")
-    return "".join(out)
 
 
 def _group(key: str) -> str:
@@ -191,18 +94,18 @@ def _diagram(r) -> str:
             )
         out.append(
             f'<rect x="{x0}" y="{y}" width="{bw}" height="{bh}" rx="6" '
-            f'fill="{_GROUPS[grp]}" stroke="#7b8794"><title>{_e(formulas.get(key, sub))}'
+            f'fill="{_GROUPS[grp]}" stroke="#7b8794"><title>{escape(formulas.get(key, sub))}'
             f"</title></rect>"
         )
         out.append(
             f'<text x="{x0 + 10}" y="{y + 15}" font-size="12" font-weight="bold">'
-            f'{_e(title)}</text><text x="{x0 + 10}" y="{y + 29}" font-size="11" '
-            f'fill="#334e68">{_e(sub)}</text>'
+            f'{escape(title)}</text><text x="{x0 + 10}" y="{y + 29}" font-size="11" '
+            f'fill="#334e68">{escape(sub)}</text>'
         )
         if key in formulas:
             out.append(
                 f'<text x="{x0 + bw + 12}" y="{y + 22}" font-size="11" fill="#52606d">'
-                f"{_e(formulas[key])}</text>"
+                f"{escape(formulas[key])}</text>"
             )
     # skip connections: block input -> residual 1, residual 1 -> residual 2
     before_ln1 = boxes[[b[0] for b in boxes].index(f"h{L}.ln_1") - 1][0]
@@ -218,31 +121,39 @@ def _diagram(r) -> str:
 
 def render_html(r: dict) -> str:
     """The report as one self-contained HTML page (inline CSS and SVG, nothing fetched)."""
-    d, c, shown = r["dims"], r["config"], r["shown"]
-    labels = r["tokens"]["text"][:-1]
+    d, c = r["dims"], r["config"]
     T = d["T"]
     p = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
-        f"<title>gpt-explain: {_e(r['prompt'])}</title><style>{_CSS}</style></head><body>",
-        f"<h1>One training step on &ldquo;{_e(r['prompt'])}&rdquo;</h1>",
+        f"<title>gpt-explain: {escape(r['prompt'])}</title><style>{CSS}</style></head><body>",
+        f"<h1>One training step on &ldquo;{escape(r['prompt'])}&rdquo;</h1>",
         (
-            f'<p class="meta">{_e(r.get("source", "GPT"))}: n_layer={c["n_layer"]}, '
+            f'<p class="meta">{escape(r.get("source", "GPT"))}: n_layer={c["n_layer"]}, '
             f"n_head={c['n_head']}, n_embd={c['n_embd']}, vocab_size={c['vocab_size']} "
-            f"({c['n_params']:,} parameters), {_e(r['tokenizer']['kind'])} tokenizer, seed "
+            f"({c['n_params']:,} parameters), {escape(r['tokenizer']['kind'])} tokenizer, seed "
             f"{r['seed']}. B=1, T={T}, C={d['C']}, nh={d['nh']}, hs={d['hs']}, V={d['V']}.</p>"
         ),
     ]
-    p += [f'<p class="note">{_e(n)}</p>' for n in r["notes"]]
+    p += [f'<p class="note">{escape(n)}</p>' for n in r["notes"]]
     if r["no_gradient"]:
         p.append(
             f'<div class="alarm">{len(r["no_gradient"])} parameter(s) received NO '
             "GRADIENT: "
-            + ", ".join(_e(f"{e['name']} ({e['status']})") for e in r["no_gradient"])
+            + ", ".join(escape(f"{e['name']} ({e['status']})") for e in r["no_gradient"])
             + "</div>"
         )
+    p += _tokens_html(r) + _forward_html(r) + _attention_html(r) + _prediction_html(r)
+    p += _backward_html(r) + _evidence_html(r) + _lens_html(r)
+    p.append("</body></html>\n")
+    return "\n".join(p)
+
+
+def _tokens_html(r) -> list[str]:
+    """1. the tokens and the (input, target) pairs."""
+    p = []
     p.append("<h2>1. Tokens: inputs and targets</h2><div>")
     p += [
-        f'<span class="chip">{_e(_tok(s))}<small>{i}</small></span>'
+        f'<span class="chip">{escape(fmt_token(s))}<small>{i}</small></span>'
         for i, s in zip(r["tokens"]["ids"], r["tokens"]["text"])
     ]
     p.append(
@@ -250,11 +161,18 @@ def render_html(r: dict) -> str:
         '<th class="l">target y<sub>t</sub> = x<sub>t+1</sub></th></tr>'
     )
     p += [
-        f'<tr><td>{q["position"]}</td><td class="l mono">{q["input_id"]} {_e(_tok(q["input"]))}'
-        f'</td><td class="l mono">{q["target_id"]} {_e(_tok(q["target"]))}</td></tr>'
+        f'<tr><td>{q["position"]}</td><td class="l mono">{q["input_id"]} {escape(fmt_token(q["input"]))}'
+        f'</td><td class="l mono">{q["target_id"]} {escape(fmt_token(q["target"]))}</td></tr>'
         for q in r["pairs"]
     ]
     p.append("</table>")
+    return p
+
+
+def _forward_html(r) -> list[str]:
+    """2. the forward pass: the diagram, every stage, the blocks."""
+    shown = r["shown"]
+    p = []
     p.append(
         f"<h2>2. The forward pass, block {shown['layer']} in full</h2>"
         f'<div class="layout"><div>{_diagram(r)}</div></div>'
@@ -265,11 +183,11 @@ def render_html(r: dict) -> str:
         "<th>‖∂L/∂·‖</th></tr>"
     )
     for st in r["stages"]:
-        vals = " ".join(_f(v) for v in st["values"])
+        vals = " ".join(fmt_value(v) for v in st["values"])
         p.append(
-            f'<tr><td class="l">{_e(st["name"])}</td><td class="l">{_e(st["formula"])}</td>'
-            f'<td class="mono">{_e(_shape(st["shape"], st["axes"]))}</td><td class="l mono">'
-            f"{_e(st['at'])} {_e(vals)}</td><td>{_g(st['grad_norm'])}</td></tr>"
+            f'<tr><td class="l">{escape(st["name"])}</td><td class="l">{escape(st["formula"])}</td>'
+            f'<td class="mono">{escape(fmt_shape(st["shape"], st["axes"]))}</td><td class="l mono">'
+            f"{escape(st['at'])} {escape(vals)}</td><td>{fmt_g(st['grad_norm'])}</td></tr>"
         )
     p.append(
         "</table><table><tr><th>block</th><th>rms in</th><th>+ attention</th>"
@@ -278,10 +196,17 @@ def render_html(r: dict) -> str:
     p += [
         f"<tr><td>{b['block']}{' (full)' if b['full'] else ''}</td><td>{b['rms_in']:.4f}</td>"
         f"<td>{b['rms_attn']:.4f}</td><td>{b['rms_mlp']:.4f}</td><td>{b['rms_out']:.4f}</td>"
-        f"<td>{_g(b['grad_norm_out'])}</td></tr>"
+        f"<td>{fmt_g(b['grad_norm_out'])}</td></tr>"
         for b in r["blocks"]
     ]
     p.append("</table>")
+    return p
+
+
+def _attention_html(r) -> list[str]:
+    """3. the attention maps of the shown block, then of every block."""
+    labels, T = r["tokens"]["text"][:-1], r["dims"]["T"]
+    p = []
     a = r["attention"]
     p.append(
         f"<h2>3. Attention weights of block {a['layer']}</h2><p>Rows are queries t, columns "
@@ -290,25 +215,31 @@ def render_html(r: dict) -> str:
     )
     for h in a["heads"]:
         n = h["head"]
-        svg = _heatmap(h["weights"], r["causal_mask"], labels, f"head {n}", uid=f"h{n}")
+        svg = heatmap(h["weights"], r["causal_mask"], labels, f"head {n}", uid=f"h{n}")
         p.append(f"<figure>{svg}<figcaption>head {n}</figcaption></figure>")
     p.append('</div><h3>Every block and head</h3><div class="thumbs">')
     small = max(3, min(10, 80 // T))
     for li, layer_att in enumerate(r["attention_all"]):
         for hi, w in enumerate(layer_att):
-            svg = _heatmap(
+            svg = heatmap(
                 w, r["causal_mask"], labels, f"block {li} head {hi}", cell=small, uid=f"a{li}_{hi}"
             )
             p.append(f"<figure>{svg}<figcaption>b{li} h{hi}</figcaption></figure>")
     p.append("</div>")
+    return p
+
+
+def _prediction_html(r) -> list[str]:
+    """4. and 5. the next-token probabilities and the loss terms."""
+    p = []
     nt = r["next_token"]
     p.append(
-        f"<h2>4. Next token after {_e(_tok(nt['input']))} (t={nt['position']})</h2><table>"
+        f"<h2>4. Next token after {escape(fmt_token(nt['input']))} (t={nt['position']})</h2><table>"
         '<tr><th class="l">token</th><th>id</th><th>p</th><th class="l"></th></tr>'
     )
     top = max(e["prob"] for e in nt["top"])
     p += [
-        f'<tr><td class="l mono">{_e(_tok(e["token"]))}</td><td>{e["id"]}</td>'
+        f'<tr><td class="l mono">{escape(fmt_token(e["token"]))}</td><td>{e["id"]}</td>'
         f'<td>{e["prob"]:.5f}</td><td class="l"><span class="bar" style="width:'
         f'{200 * e["prob"] / top:.0f}px"></span>{" target" if e["id"] == nt["target_id"] else ""}'
         "</td></tr>"
@@ -320,19 +251,25 @@ def render_html(r: dict) -> str:
         '<tr><th>t</th><th class="l">target</th><th>p(target)</th><th>-log p</th></tr>'
     )
     p += [
-        f'<tr><td>{t["position"]}</td><td class="l mono">{_e(_tok(t["target"]))}</td>'
+        f'<tr><td>{t["position"]}</td><td class="l mono">{escape(fmt_token(t["target"]))}</td>'
         f"<td>{t['prob']:.6f}</td><td>{t['loss']:.4f}</td></tr>"
         for t in lo["terms"]
     ]
     p.append(f"</table><p>model(idx, targets) gives {lo['model_forward']:.6f}.</p>")
+    return p
+
+
+def _backward_html(r) -> list[str]:
+    """6. to 8. the gradients, the AdamW step and one weight by hand."""
+    p = []
     p.append(
         '<h2>6. Backward: ‖∂L/∂w‖ per parameter</h2><table><tr><th class="l">parameter'
         '</th><th>shape</th><th>‖w‖</th><th>‖∂L/∂w‖</th><th class="l">status</th></tr>'
     )
     p += [
-        f'<tr class="{"bad" if g["status"] != OK else ""}"><td class="l mono">{_e(g["name"])}'
+        f'<tr class="{"bad" if g["status"] != OK else ""}"><td class="l mono">{escape(g["name"])}'
         f"</td><td>{'×'.join(map(str, g['shape']))}</td><td>{g['weight_norm']:.4g}</td>"
-        f'<td>{_g(g["grad_norm"])}</td><td class="l">{_e(g["status"])}</td></tr>'
+        f'<td>{fmt_g(g["grad_norm"])}</td><td class="l">{escape(g["status"])}</td></tr>'
         for g in r["gradients"]
     ]
     ad = r["adamw"]
@@ -342,16 +279,14 @@ def render_html(r: dict) -> str:
         "</th><th>‖Δw‖</th><th>‖Δw‖/‖w‖</th></tr>"
     )
     p += [
-        f'<tr class="{"bad" if q["skipped"] else ""}"><td class="l mono">{_e(q["name"])}</td>'
-        f"<td>{q['update_norm']:.3g}</td><td>{_g(q['ratio'])}</td></tr>"
+        f'<tr class="{"bad" if q["skipped"] else ""}"><td class="l mono">{escape(q["name"])}</td>'
+        f"<td>{q['update_norm']:.3g}</td><td>{fmt_g(q['ratio'])}</td></tr>"
         for q in ad["params"]
     ]
     p.append("</table>")
-    calc = "\n".join(_element_text(ad["element"])[1:])  # the h2 above is the title
-    p.append(f'<h2>8. One weight of W_Q by hand</h2><pre class="mono">{_e(calc)}</pre>')
-    p += _evidence_html(r) + _lens_html(r)
-    p.append("</body></html>\n")
-    return "\n".join(p)
+    calc = "\n".join(element_lines(ad["element"])[1:])  # the h2 above is the title
+    p.append(f'<h2>8. One weight of W_Q by hand</h2><pre class="mono">{escape(calc)}</pre>')
+    return p
 
 
 def _evidence_html(r) -> list[str]:
@@ -364,9 +299,9 @@ def _evidence_html(r) -> list[str]:
             "<th>(L(w+h) - L(w-h))/2h (float64)</th><th>rel. error</th><th></th></tr>"
         )
         p += [
-            f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{_e(e["label"])}'
-            f"{e['index']}</td><td>{_e(_f6(e['grad']))}</td><td>{_e(_f6(e['fd']))}</td>"
-            f"<td>{_g(e['rel_err'])}</td><td>{'agree' if e['agree'] else 'DISAGREE'}</td></tr>"
+            f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{escape(e["label"])}'
+            f"{e['index']}</td><td>{escape(_f6(e['grad']))}</td><td>{escape(_f6(e['fd']))}</td>"
+            f"<td>{fmt_g(e['rel_err'])}</td><td>{'agree' if e['agree'] else 'DISAGREE'}</td></tr>"
             for e in fd
         ]
         p.append("</table>")
@@ -381,7 +316,7 @@ def _evidence_html(r) -> list[str]:
             "<th>‖lookup part‖</th><th>‖total‖</th></tr>"
         )
         p += [
-            f'<tr><td class="l mono">{_e(_tok(w["token"]))}</td><td>{w["logits_norm"]:.4g}</td>'
+            f'<tr><td class="l mono">{escape(fmt_token(w["token"]))}</td><td>{w["logits_norm"]:.4g}</td>'
             f"<td>{w['lookup_norm']:.4g}</td><td>{w['total_norm']:.4g}</td></tr>"
             for w in es["rows"]
         ]
@@ -393,7 +328,7 @@ def _evidence_html(r) -> list[str]:
             f"<p>Predicted to first order, ΔL ≈ Σ g·Δw = <b>{c['predicted']:+.6e}</b>; "
             f"measured in float64, L after − L before = {c['loss_after']:.8f} − "
             f"{c['loss_before']:.8f} = <b>{c['measured']:+.6e}</b> (ratio "
-            f"{_g(c['ratio'])}; the rest is second order in lr).</p>"
+            f"{fmt_g(c['ratio'])}; the rest is second order in lr).</p>"
         )
     return p
 
@@ -408,18 +343,18 @@ def _lens_html(r) -> list[str]:
     if lens:
         nt = r["predictions"][t]
         p.append(
-            f"<h2>Logit lens at t={t} (after {_e(_tok(nt['input']))}, target "
-            f"{_e(_tok(nt['target']))})</h2><p>The residual stream after each block, read "
+            f"<h2>Logit lens at t={t} (after {escape(fmt_token(nt['input']))}, target "
+            f"{escape(fmt_token(nt['target']))})</h2><p>The residual stream after each block, read "
             "through ln_f and the unembedding as if the model ended there.</p><table>"
             '<tr><th class="l">read after</th><th>lens loss</th><th>p(target)</th>'
             '<th class="l">top tokens</th></tr>'
         )
         for lay in lens["layers"]:
             q = lay["positions"][t]
-            top = ", ".join(f"{_tok(e['token'])} {e['prob']:.3f}" for e in q["top"])
+            top = ", ".join(f"{fmt_token(e['token'])} {e['prob']:.3f}" for e in q["top"])
             p.append(
-                f'<tr><td class="l">{_e(lay["after"])}</td><td>{lay["loss"]:.4f}</td>'
-                f'<td>{q["target_prob"]:.5f}</td><td class="l mono">{_e(top)}</td></tr>'
+                f'<tr><td class="l">{escape(lay["after"])}</td><td>{lay["loss"]:.4f}</td>'
+                f'<td>{q["target_prob"]:.5f}</td><td class="l mono">{escape(top)}</td></tr>'
             )
         p.append("</table>")
     if a:

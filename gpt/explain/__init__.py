@@ -1,0 +1,20 @@
+"""gpt-explain: one training step of a GPT on one prompt, shown stage by stage, with evidence.
+
+report.py    explain(model, tokenizer, prompt): runs the step, returns a JSON-able report
+forward.py   the forward pass re-run stage by stage from the model's own modules
+checks.py    the evidence: float64 finite differences, the embedding's gradient split
+lens.py      inside the prediction: the logit lens and per-head ablation
+steps.py     Session and follow_steps: many steps on one prompt, chosen weights followed
+render/      text.py (terminal), html.py (one page), steps.py (--steps), plots.py (PNG);
+             fmt.py and svg.py hold what they share
+serve/       gpt-explain --serve: server.py and the page it serves (page.html)
+cli.py       the gpt-explain command
+"""
+
+from .cli import main
+from .render.html import render_html
+from .render.text import render_text
+from .report import MAX_TOKENS, explain, prompt_ids, prompt_tokenizer
+
+__all__ = ["MAX_TOKENS", "explain", "main", "prompt_ids", "prompt_tokenizer", "render_html",
+           "render_text"]  # fmt: skip

@@ -1,0 +1,1 @@
+"""gpt-explain's renderers: a report (or a --steps trace) as text, HTML or PNG plots."""

@@ -1,0 +1,8 @@
+"""Everything a run keeps on disk, and the checks before it is trusted.
+
+- `checkpoint`: safetensors + JSON files written atomically; Hugging Face GPT-2 directories
+- `run_checkpoint`: a gpt-train run's latest and best checkpoints (what --resume reads)
+- `validate`: schema, header and memory checks that run before anything is allocated
+- `lock`: one writer per run directory
+- `errors`: the exceptions all of these raise, each one line naming the file
+"""
