@@ -131,7 +131,6 @@ def finish(r: TrainRun) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run training; returns the exit status (0, 1 error, 2 usage, 130 SIGINT, 143 SIGTERM)."""
-    tg.tune_cpu_malloc()  # keep freed activations in the heap: steps stop page-faulting them
     codes = {UsageError: EXIT_USAGE, KeyboardInterrupt: EXIT_SIGINT}
     try:
         with handle_signals(StopFlag()) as stop, dist_train.launch(codes, UsageError):
