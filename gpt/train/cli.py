@@ -8,8 +8,6 @@ import signal
 import sys
 import time
 
-import tensorgrad as tg
-
 from .. import dist_train
 from ..config import GPTConfig
 from ..data import DataError
