@@ -101,3 +101,29 @@ def test_every_config_field_is_one_flag_with_its_type_and_help():
             assert a.type is kind(f), f"--{f.name}: type {a.type} for a {f.type} field"
         if f.default not in (None, False):
             assert f"(default {f.default})" in a.help or "default" in a.help, f.name
+
+
+def test_slow_first_step_is_explained_once_and_not_counted_in_the_eta(capsys):
+    """numba builds the CPU kernels in the first step of a fresh install (seconds): one line
+    says so, and the bar's rate starts after it (it showed an ETA of hours)."""
+    from types import SimpleNamespace
+
+    from gpt.train.progress import SLOW_FIRST_STEP_S, Progress
+
+    def progress(device):
+        c = SimpleNamespace(max_iters=100, device=device)
+        return Progress(SimpleNamespace(c=c, state=SimpleNamespace(iter=0)))
+
+    p = progress("cpu")
+    p.bar.start_t -= 9.0  # as if the first step had taken 9 s (no refresh meanwhile)
+    p.bar.last_print_t -= 9.0
+    p.step(2.0, 1e-3, 1000.0, 9.0)
+    p.step(2.0, 1e-3, 1000.0, 9.0)
+    assert p.bar.format_dict["elapsed"] < 5.0  # the first step's time is not in the rate
+    p.close()
+    err = capsys.readouterr().err
+    assert err.count("first step took 9.0 s: the compiled CPU kernels are built once") == 1
+    q = progress("cpu")
+    q.step(2.0, 1e-3, 1000.0, SLOW_FIRST_STEP_S / 2)
+    q.close()
+    assert "first step" not in capsys.readouterr().err

@@ -80,4 +80,4 @@ def train(r: TrainRun, stop, progress: Progress) -> None:
             elapsed_s=s.elapsed(),
         )
         s.iter += 1
-        progress.step(loss_val, lr, n_tokens / dt)
+        progress.step(loss_val, lr, n_tokens / dt, dt)

@@ -43,13 +43,16 @@ class Metrics:
         self.f.close()
 
 
+SLOW_FIRST_STEP_S = 2.0  # a first step slower than this is explained in one line
+
+
 class Progress:
     """The tqdm bar of the loop, and the lines written above it (on stderr)."""
 
     def __init__(self, r):
         from tqdm import tqdm
 
-        self.r, self.warned_plot = r, False
+        self.r, self.warned_plot, self.first = r, False, True
         self.bar = tqdm(
             total=r.c.max_iters,
             initial=r.state.iter,
@@ -63,7 +66,17 @@ class Progress:
     def write(self, line: str) -> None:
         self.bar.write(line, file=sys.stderr)
 
-    def step(self, loss: float, lr: float, tokens_per_s: float) -> None:
+    def step(self, loss: float, lr: float, tokens_per_s: float, dt: float) -> None:
+        if self.first:  # this process's first step: compiles kernels, warms caches
+            self.first = False
+            if dt > SLOW_FIRST_STEP_S:
+                self.write(
+                    f"first step took {dt:.1f} s: the compiled CPU kernels are built once and "
+                    "cached (later steps, and later runs, skip this)"
+                    if self.r.c.device == "cpu"
+                    else f"first step took {dt:.1f} s (warming up)"
+                )
+            self.bar.unpause()  # the rate and ETA count from after the first step
         self.bar.update(1)
         self.bar.set_postfix(
             loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False
