@@ -1,4 +1,6 @@
-"""Shared test settings: hypothesis profiles (fast default, 'ci' larger)."""
+"""Shared test settings: hypothesis profiles (fast default, 'ci' larger, which .ci/run
+selects with HYPOTHESIS_PROFILE=ci) and the `network` marker: such tests run only when asked
+(--run-network or TG_NETWORK=1), so that a green run never depends on the network."""
 
 import os
 
@@ -13,6 +15,23 @@ settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-network",
+        action="store_true",
+        help="also run the tests marked `network` (or set TG_NETWORK=1)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-network") or os.environ.get("TG_NETWORK") == "1":
+        return
+    skip = pytest.mark.skip(reason="needs the network: run with --run-network or TG_NETWORK=1")
+    for item in items:
+        if "network" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

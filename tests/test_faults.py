@@ -8,7 +8,9 @@ in-process on a tiny model; the ones that could hang or allocate without bound r
 subprocess with a timeout and an address-space limit.
 """
 
+import hashlib
 import json
+import math
 import os
 import resource
 import shlex
@@ -103,6 +105,24 @@ def ckpt_of(d) -> dict:
 
 def write_ckpt(d, ckpt) -> None:
     (Path(d) / "ckpt.json").write_text(json.dumps(ckpt))
+
+
+def contents(d) -> dict:
+    """{relative path: sha256} of every file under run directory d."""
+    d = Path(d)
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_untouched(d, before: dict) -> None:
+    """Nothing in d was rewritten, removed or added (ckpt.json, weights, metrics, lock)."""
+    after = contents(d)
+    changed = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
+    added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
+    assert not (changed or added or removed), f"changed {changed}, added {added}, removed {removed}"
 
 
 # ----------------------------------------------------------------------------- 1. the lock
@@ -255,11 +275,11 @@ def test_tampered_ckpt_json_is_one_line(base_run, tmp_path, capsys, case):
     d = copy_run(base_run, tmp_path)
     tampered = CKPT_CASES[case](ckpt_of(d), d)
     write_ckpt(d, tampered)
-    before = (d / "ckpt.json").read_bytes()
+    before = contents(d)
     code = train.main(["--resume", "--out-dir", str(d), "--max-iters", "6"])
     line = one_line(capsys.readouterr().err)
     assert code == 1, line
-    assert (d / "ckpt.json").read_bytes() == before  # nothing was overwritten
+    assert_untouched(d, before)  # nothing was overwritten or written
     code = sample.main(
         ["--out-dir", str(d), "--which", "latest", "--max-new-tokens", "2", "--num-samples", "1"]
     )
@@ -358,7 +378,7 @@ def test_corrupt_weights_are_named_not_trained_on(base_run, tmp_path, capsys, fa
         _flip(optim, 100)
     else:
         shutil.copy(model, optim)
-    before = (d / "ckpt.json").read_bytes()
+    before = contents(d)
     code = train.main(["--resume", "--out-dir", str(d), "--max-iters", "6"])
     line = one_line(capsys.readouterr().err)
     assert code == 1
@@ -370,7 +390,7 @@ def test_corrupt_weights_are_named_not_trained_on(base_run, tmp_path, capsys, fa
         "optim swapped": "optim",
     }.get(fault, "safetensors")
     assert expect in line, line
-    assert (d / "ckpt.json").read_bytes() == before  # not trained on, not overwritten
+    assert_untouched(d, before)  # not trained on, nothing overwritten or written
     if not fault.startswith("optim"):
         assert sample.main(["--out-dir", str(d), "--which", "latest"]) == 1
         assert expect in one_line(capsys.readouterr().err, "gpt-sample")
@@ -597,19 +617,24 @@ def test_natural_divergence_with_a_huge_lr(corpus, tmp_path, capsys):
     assert "--lr 50" in line
 
 
-def test_divergence_factor_zero_turns_the_guard_off(corpus, tmp_path, monkeypatch):
+def test_divergence_factor_zero_turns_the_guard_off(corpus, tmp_path, monkeypatch, capsys):
+    """Weights x100 during step 3: the evaluation at iteration 4 is finite but far above the
+    run's best, which stops a run with a positive factor and not one with factor 0."""
+    args = ("--max-iters", "4", "--eval-interval", "2")
+    real = _blow_up_at(monkeypatch, 4, factor=1e2)
+    on = tmp_path / "on"
+    code, _, err = run(corpus, on, *args, "--divergence-factor", "4", capsys=capsys)
+    line = error_line(err)
+    assert code == 1 and "validation loss diverged" in line, line
+    assert ckpt_of(on)["iter"] == 2
+    monkeypatch.setattr(train_loop, "clip_grad_norm_", real)
     _blow_up_at(monkeypatch, 4, factor=1e2)
-    code = run(
-        corpus,
-        tmp_path / "off",
-        "--max-iters",
-        "4",
-        "--eval-interval",
-        "2",
-        "--divergence-factor",
-        "0",
-    )[0]
-    assert code in (0, 1)  # goes on until a NaN, if any
+    off = tmp_path / "off"
+    code, _, err = run(corpus, off, *args, "--divergence-factor", "0", capsys=capsys)
+    assert code == 0, f"--divergence-factor 0 still stopped the run:\n{err[-800:]}"
+    assert ckpt_of(off)["iter"] == 4  # the diverged state was evaluated and saved
+    va, vb = val_losses(on), val_losses(off)
+    assert va == vb and math.isfinite(vb[4]) and vb[4] > 4 * min(vb[2], vb[0]), vb
 
 
 # ----------------------------------------------------------------------------- 5. evaluation

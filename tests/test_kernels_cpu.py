@@ -12,13 +12,17 @@ numba.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("numba")
 
 from helpers import assert_close
 
@@ -345,18 +349,45 @@ def test_attention_causal_shapes(L, S, monkeypatch):
         assert not y[:, : L - S].any()
 
 
+def two_threads(monkeypatch) -> int:
+    """Let the kernels run on 2 threads (numba's pool at 2, TG_KERNEL_THREADS, default 1,
+    lifted to 2) and return numba's thread count before; skip, saying so, where the machine
+    has fewer than 2 cores or numba threads."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if (cores or 1) < 2:
+        pytest.skip(f"runs the kernels on 2 threads, so needs 2 cores; this machine has {cores}")
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"needs NUMBA_NUM_THREADS >= 2 (it is {numba.config.NUMBA_NUM_THREADS})")
+    monkeypatch.setenv("TG_KERNEL_THREADS", "2")
+    prev = numba.get_num_threads()
+    numba.set_num_threads(2)
+    return prev
+
+
+class NoBlasLimit:
+    """Stands in for threadpoolctl's controller, which "heads" needs to hold BLAS at one
+    thread: the split over threads is what is tested, not BLAS's thread count."""
+
+    def limit(self, **kw):
+        return contextlib.nullcontext()
+
+
 @pytest.mark.parametrize("mode", ["heads", "rows"])
 def test_attention_thread_modes(mode, monkeypatch):
-    import numba
-
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs NUMBA_NUM_THREADS >= 2")
+    prev = two_threads(monkeypatch)
     monkeypatch.setattr(KA, "THREADS_OVER", mode)
     monkeypatch.setattr(KA, "PARALLEL_MIN", 0)  # threads even for this small case
     monkeypatch.setattr(K, "PARALLEL_MIN", 0)
     monkeypatch.setattr(KA, "STRIP_BYTES", 16 * 4 * 40 * 3)  # several strips
-    prev = numba.get_num_threads()
-    numba.set_num_threads(2)
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        monkeypatch.setattr(KA, "_blas", NoBlasLimit())
+    serial, parallel = [], []  # (thread, numba threads) per driver call
+    for name in ("PROBS", "PROBS_AGAIN", "DSCORES"):
+        drivers = getattr(KA, name)
+        calls = [parallel, serial]
+        monkeypatch.setattr(KA, name, tuple(wrap_driver(f, c) for f, c in zip(drivers, calls)))
     try:
         g = np.random.default_rng(0)
         q, k, v = (g.standard_normal((3, 40, 8)).astype(np.float32) for _ in range(3))
@@ -365,6 +396,28 @@ def test_attention_thread_modes(mode, monkeypatch):
         )
     finally:
         numba.set_num_threads(prev)
+    if mode == "heads":  # the heads split over 2 Python threads, each running serial drivers
+        threads = {t for t, _ in serial}
+        assert serial and not parallel and len(threads) >= 2, (
+            f"'heads': {len(serial)} serial driver calls on {len(threads)} thread(s), "
+            f"{len(parallel)} parallel ones: the heads were not split over threads"
+        )
+    else:  # one call over all heads, each driver on numba's pool of 2 threads
+        counts = {n for _, n in parallel}
+        assert parallel and not serial and counts == {2}, (
+            f"'rows': {len(parallel)} parallel driver calls on numba thread counts {counts}, "
+            f"{len(serial)} serial ones: expected numba's pool of 2 threads"
+        )
+
+
+def wrap_driver(f, calls):
+    """f, recording (Python thread, numba's thread count there) in calls before each call."""
+
+    def recorded(*args):
+        calls.append((threading.get_ident(), numba.get_num_threads()))
+        return f(*args)
+
+    return recorded
 
 
 def test_attention_head_views():
@@ -454,8 +507,24 @@ def test_apply_records_and_backpropagates():
     assert x.grad is not None and x.grad.shape == (3, 8) and np.isfinite(x.grad.numpy()).all()
 
 
-def test_sizes_above_parallel_min():
-    # the tests above are small and run on one thread (threads_for); these take the pool
+def test_sizes_above_parallel_min(monkeypatch):
+    # the tests above are small and run on one thread (threads_for); these take numba's pool
+    # of 2 threads: every kernel call is recorded with numba's thread count inside it
+    prev = two_threads(monkeypatch)
+    ran, real_run = [], K._run
+    monkeypatch.setattr(
+        K, "_run", lambda kernel, size, *a: real_run(wrap_driver(kernel, ran), size, *a)
+    )
+    try:
+        sizes_above_parallel_min()
+    finally:
+        numba.set_num_threads(prev)
+    counts = sorted(n for _, n in ran)
+    assert counts == [2] * 11, f"numba thread counts of the 11 kernel calls: {counts}"
+
+
+def sizes_above_parallel_min():
+    """Each kernel on 128 Ki elements against its reference."""
     g = np.random.default_rng(0)
     x = g.standard_normal((64, 2 * K.PARALLEL_MIN // 64)).astype(np.float32)
     check("softmax", R.Softmax, K.NumbaSoftmax, [x])

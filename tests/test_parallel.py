@@ -1,13 +1,23 @@
-"""Chunked, threaded CPU passes give the same numbers as one pass over the whole array."""
+"""The chunked CPU kernels (kernels/cpu_chunked.py) cut into many chunks on three threads
+give the reference op's numbers.
+
+Each case selects its chunked kernel alone (``kernels.only``, so neither the numba kernels,
+which take these float32 inputs first, nor ``TG_KERNELS=0`` can route around it), wraps the
+kernel module's ``chunked`` to count the chunks and the threads that ran them, and compares
+forward and gradients with the reference op run on the same arrays.
+"""
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 import tensorgrad as tg
 import tensorgrad.functional as F
+from tensorgrad import kernels
 from tensorgrad.kernels import chunks as parallel
+from tensorgrad.kernels import cpu_chunked
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((5, 7, 24)).astype(np.float32)
@@ -15,42 +25,78 @@ W, B = rng.standard_normal(24).astype(np.float32), rng.standard_normal(24).astyp
 Q, K, V = (rng.standard_normal((2, 3, 9, 8)).astype(np.float32) for _ in range(3))
 T = rng.integers(0, 24, 35)
 
-CASES = {
-    "gelu": lambda: F.gelu(tg.tensor(X, requires_grad=True), "tanh"),
-    "layer_norm": lambda: F.layer_norm(
-        tg.tensor(X, requires_grad=True),
-        24,
-        tg.tensor(W, requires_grad=True),
-        tg.tensor(B, requires_grad=True),
+CASES = {  # case: (the chunked kernel that must run, the call)
+    "gelu": ("cpu.chunked.gelu_tanh", lambda: F.gelu(tg.tensor(X, requires_grad=True), "tanh")),
+    "layer_norm": (
+        "cpu.chunked.layer_norm",
+        lambda: F.layer_norm(
+            tg.tensor(X, requires_grad=True),
+            24,
+            tg.tensor(W, requires_grad=True),
+            tg.tensor(B, requires_grad=True),
+        ),
     ),
-    "softmax": lambda: F.softmax(tg.tensor(X, requires_grad=True), dim=-1),
-    "cross_entropy": lambda: F.cross_entropy(tg.tensor(X.reshape(35, 24), requires_grad=True), T),
-    "attention": lambda: F.scaled_dot_product_attention(
-        tg.tensor(Q, requires_grad=True),
-        tg.tensor(K, requires_grad=True),
-        tg.tensor(V, requires_grad=True),
-        is_causal=True,
+    "softmax": (
+        "cpu.chunked.softmax",
+        lambda: F.softmax(tg.tensor(X, requires_grad=True), dim=-1),
+    ),
+    "cross_entropy": (
+        "cpu.chunked.cross_entropy",
+        lambda: F.cross_entropy(tg.tensor(X.reshape(35, 24), requires_grad=True), T),
+    ),
+    "attention": (
+        "cpu.inplace.attention",
+        lambda: F.scaled_dot_product_attention(
+            tg.tensor(Q, requires_grad=True),
+            tg.tensor(K, requires_grad=True),
+            tg.tensor(V, requires_grad=True),
+            is_causal=True,
+        ),
     ),
 }
+THREADS = 3
 
 
 def run(case):
     tg.manual_seed(0)
-    out = CASES[case]()
+    out = CASES[case][1]()
     leaves = [t for t in out.grad_fn.edges if isinstance(t, tg.Tensor)]
     (out * 1.5).sum().backward()
     return [out.numpy()] + [t.grad.numpy() for t in leaves]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_chunked_threads_match_one_pass(case, monkeypatch):
-    whole = run(case)
+def test_chunked_threads_match_reference(case, monkeypatch):
+    name = CASES[case][0]
+    assert name in {k.name for k in kernels.registered(device="cpu")}, name
+    with kernels.reference_only():
+        want = run(case)
+    chunk_calls, threads = [], set()
+    real = cpu_chunked.chunked
+
+    def counting(fn, *args, **kw):
+        def body(i, s, e):
+            chunk_calls.append(i)
+            threads.add(threading.get_ident())
+            fn(i, s, e)
+
+        return real(body, *args, **kw)
+
+    monkeypatch.setattr(cpu_chunked, "chunked", counting)
     monkeypatch.setattr(parallel, "CHUNK_BYTES", 64)  # many tiny chunks
     monkeypatch.setattr(parallel, "PARALLEL_MIN", 0)  # and always the thread pool
-    monkeypatch.setenv("TG_NUM_THREADS", "3")
-    assert parallel.n_chunks(35, 24) > 3
-    for got, want in zip(run(case), whole):
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=case)
+    monkeypatch.setenv("TG_NUM_THREADS", str(THREADS))
+    with kernels.only(name):
+        got = run(case)
+    # the pool ran: several chunks, on the calling thread and on the pool's threads (an idle
+    # worker may take two shares, so at least two threads, not always three)
+    assert len(chunk_calls) > THREADS, f"{name}: {len(chunk_calls)} chunks"
+    assert threading.get_ident() in threads and len(threads) >= 2, (
+        f"{name}: chunks ran on {len(threads)} thread(s)"
+    )
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"{name}: output {i}")
 
 
 def test_malloc_tuning_respects_opt_out(monkeypatch):
