@@ -42,7 +42,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
 
-def _arr(a):
+def numpy_array(a):
     """The NumPy array behind a raw array or a Tensor (None for anything else)."""
     if isinstance(a, np.ndarray):
         return a
@@ -53,14 +53,14 @@ def _arr(a):
 def _f32(*arrays) -> bool:
     """Every array is a C-contiguous, non-empty float32 NumPy array."""
     for a in arrays:
-        a = _arr(a)
+        a = numpy_array(a)
         if a is None or a.dtype != np.float32 or not a.flags.c_contiguous or a.size == 0:
             return False
     return True
 
 
 def _last_dim(x, dim) -> bool:
-    x = _arr(x)
+    x = numpy_array(x)
     return x is not None and x.ndim >= 1 and dim in (-1, x.ndim - 1)
 
 
@@ -116,7 +116,7 @@ def _contig(a):
 
 
 @njit(fastmath=FM, cache=True)
-def _rsum(a):
+def rsum(a):
     s = a.dtype.type(0)
     for j in range(a.size):
         s += a[j]
@@ -124,7 +124,7 @@ def _rsum(a):
 
 
 @njit(fastmath=FM, cache=True)
-def _rdot(a, b):
+def rdot(a, b):
     s = a.dtype.type(0)
     for j in range(a.size):
         s += a[j] * b[j]
@@ -132,7 +132,7 @@ def _rdot(a, b):
 
 
 @njit(fastmath={"nnan", "reassoc", "nsz"}, cache=True)
-def _rmax(a):
+def rmax(a):
     # nnan only here: a NaN that this max skips still makes the row's sum (and output) NaN
     m = a.dtype.type(-np.inf)
     for j in range(a.size):
@@ -147,10 +147,10 @@ def _rmax(a):
 def _softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
-        m = _rmax(xi)
+        m = rmax(xi)
         for j in range(xi.size):
             yi[j] = exp32(xi[j] - m)
-        r = F32(1) / _rsum(yi)
+        r = F32(1) / rsum(yi)
         for j in range(xi.size):
             yi[j] *= r
 
@@ -159,7 +159,7 @@ def _softmax_fwd(x, y):
 def _softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
-        d = _rdot(gi, yi)
+        d = rdot(gi, yi)
         for j in range(gi.size):
             o[j] = yi[j] * (gi[j] - d)
 
@@ -168,10 +168,10 @@ def _softmax_bwd(g, y, gx):
 def _log_softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
-        m = _rmax(xi)
+        m = rmax(xi)
         for j in range(xi.size):
             yi[j] = exp32(xi[j] - m)
-        ls = F32(math.log(_rsum(yi)))
+        ls = F32(math.log(rsum(yi)))
         for j in range(xi.size):
             yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
 
@@ -180,7 +180,7 @@ def _log_softmax_fwd(x, y):
 def _log_softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
-        sg = _rsum(gi)
+        sg = rsum(gi)
         for j in range(gi.size):
             o[j] = gi[j] - exp32(yi[j]) * sg
 
@@ -234,10 +234,10 @@ def _ce_fwd(x, t, loss, mx, ls_out, block):
         e = np.empty(c, dtype=x.dtype)  # this block's scratch row for e^(x-m)
         for i in range(b * block, min(n, (b + 1) * block)):
             xi = x[i]
-            m = _rmax(xi)
+            m = rmax(xi)
             for j in range(c):
                 e[j] = exp32(xi[j] - m)
-            ls = math.log(np.float64(_rsum(e)))
+            ls = math.log(np.float64(rsum(e)))
             # m and log Σ kept apart (not m + log Σ): (x - m) - log Σ stays exact in
             # backward for ±1e4 logits, all in float32
             mx[i] = m
@@ -269,7 +269,10 @@ def _ce_bwd(x, t, mx, ls, coef, gx):
     "cpu",
     name="cpu.numba.cross_entropy",
     when=lambda x, target, ignore_index=-100, reduction="mean": (
-        _f32(x) and _arr(x).ndim == 2 and _arr(target) is not None and _arr(target).ndim == 1
+        _f32(x)
+        and numpy_array(x).ndim == 2
+        and numpy_array(target) is not None
+        and numpy_array(target).ndim == 1
     ),
 )
 class NumbaCrossEntropy(Function):
@@ -307,7 +310,7 @@ def _ln_fwd(x, w, b, eps, y, rstd):
     n, c = x.shape
     for i in prange(n):
         xi, yi = x[i], y[i]
-        mean = _rsum(xi) / c
+        mean = rsum(xi) / c
         var = x.dtype.type(0)
         for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
             d = xi[j] - mean
@@ -327,7 +330,7 @@ def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
         gwp, gbp = gw_part[p], gb_part[p]
         for i in range(p * n // parts, (p + 1) * n // parts):
             xi, gi, o, r = x[i], g[i], gx[i], rstd[i]
-            mean = _rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
+            mean = rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
             s1 = x.dtype.type(0)  # Σ ĝ
             s2 = x.dtype.type(0)  # Σ ĝ·(x - mean)
             for j in range(c):
@@ -344,7 +347,7 @@ def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
 
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):
-    xa = _arr(x)
+    xa = numpy_array(x)
     if (
         xa is None
         or xa.dtype not in (np.float32, np.float64)
@@ -354,7 +357,7 @@ def _ln_when(x, w, b, nd=1, eps=1e-5):
     ):
         return False
     for p in (w, b):
-        pa = _arr(p)
+        pa = numpy_array(p)
         if p is not None and (
             pa is None or pa.dtype != xa.dtype or pa.shape != xa.shape[xa.ndim - nd :]
         ):
@@ -522,7 +525,7 @@ def _adamw(x, g, m, v, decay, b1, c1, b2, c2, bc2, eps, step_size):
 
 
 def _adamw_when(x, g, m, v, **kw):
-    arrays = [_arr(a) for a in (x, g, m, v)]
+    arrays = [numpy_array(a) for a in (x, g, m, v)]
     if any(a is None for a in arrays):
         return False
     return arrays[0].dtype in (np.float32, np.float64) and all(
@@ -554,6 +557,3 @@ def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
         t(eps),
         t(lr / (1 - b1**step)),
     )
-
-
-from . import cpu_numba_attention  # noqa: E402, F401  (registers attention; imports this module)

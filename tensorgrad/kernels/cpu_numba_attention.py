@@ -31,11 +31,11 @@ from .cpu_numba import (
     EXP_FM,
     FM,
     PARALLEL_MIN,
-    _arr,
-    _rdot,
-    _rmax,
-    _rsum,
     kernel_threads,
+    numpy_array,
+    rdot,
+    rmax,
+    rsum,
     threads_for,
 )
 from .numba_math import exp32
@@ -58,10 +58,10 @@ def _row_probs(row, scale, lim):
     else:
         for j in range(lim):
             row[j] *= scale
-        m = _rmax(row[:lim])
+        m = rmax(row[:lim])
         for j in range(lim):
             row[j] = exp32(row[j] - m)
-        tot = _rsum(row[:lim])
+        tot = rsum(row[:lim])
         inv = F32(1) / tot
         for j in range(lim):
             row[j] *= inv
@@ -143,7 +143,7 @@ def _rowdot(g, o, d):
     """d (BH, L) = rowsum(g·o)."""
     BH, L, _ = g.shape
     for k in prange(BH * L):
-        d[k // L, k % L] = _rdot(g[k // L, k % L], o[k // L, k % L])
+        d[k // L, k % L] = rdot(g[k // L, k % L], o[k // L, k % L])
 
 
 # (parallel, serial) drivers
@@ -208,7 +208,7 @@ def _by_heads(body, BH: int, work: int) -> None:
 def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
     if mask is not None or dropout_p != 0.0:
         return False
-    q, k, v = _arr(q), _arr(k), _arr(v)
+    q, k, v = numpy_array(q), numpy_array(k), numpy_array(v)
     # any strides (the model passes head views of the qkv projection): reshape copies if needed
     if any(a is None or a.dtype != np.float32 or a.size == 0 for a in (q, k, v)):
         return False
