@@ -255,36 +255,21 @@ def _run(args) -> int:
     C = model.config.n_embd
     head = args.heads[0] if args.heads else 0
     follow = _resolve_follow(args.follow, args.layer, C)
+    session = dict(  # what the served page and --steps both follow
+        layer=args.layer,
+        head=head,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        follow=follow,
+    )
     if args.serve:
         return serve(
-            model,
-            tok,
-            args.prompt,
-            layer=args.layer,
-            head=head,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            seed=args.seed,
-            max_tokens=args.max_tokens,
-            follow=follow,
-            checks=args.checks,
-            port=args.port,
-            source=source,
+            model, tok, args.prompt, checks=args.checks, port=args.port, source=source, **session
         )
     if args.steps is not None:
-        t = follow_steps(
-            model,
-            tok,
-            args.prompt,
-            args.steps,
-            layer=args.layer,
-            head=head,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            seed=args.seed,
-            max_tokens=args.max_tokens,
-            follow=follow,
-        )
+        t = follow_steps(model, tok, args.prompt, args.steps, **session)
         t["source"] = source
         if args.format == "json":
             _write(args, json.dumps(t, indent=1, allow_nan=False) + "\n")
