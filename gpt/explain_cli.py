@@ -40,11 +40,13 @@ def load(args):
         model, tok, _, d = load_model(args.out_dir, which=args.which)
         return model, tok, f"trained run {d}"
     if args.init_from:
+        from .hub import resolve
         from .tokenizer import load_tokenizer_dir
 
+        src = resolve(args.init_from)  # a hub name is fetched into the hub cache
         return (
-            GPT.from_pretrained(args.init_from),
-            load_tokenizer_dir(args.init_from),
+            GPT.from_pretrained(src),
+            load_tokenizer_dir(src),
             f"GPT-2 checkpoint {args.init_from}",
         )
     tok = prompt_tokenizer(args.prompt, args.tokenizer)
@@ -106,8 +108,8 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--out-dir", help="a gpt-train run directory (default: a fresh model)")
     src.add_argument(
         "--init-from",
-        help="a HuggingFace GPT-2 directory (config.json, "
-        "model.safetensors, vocab.json, merges.txt)",
+        help="a Hugging Face GPT-2 directory (config.json, "
+        "model.safetensors, vocab.json, merges.txt) or hub name (gpt2, owner/repo[@revision])",
     )
     ap.add_argument(
         "--which", choices=("best", "latest"), default="best", help="which checkpoint of --out-dir"

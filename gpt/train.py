@@ -3,7 +3,7 @@
     gpt-train                                   # character-level Shakespeare, 10-22 min on 2 cores
     gpt-train --data notes/ --tokenizer bpe --vocab-size 2048 --max-iters 500
     gpt-train --resume --out-dir out/shakespeare-char       # continue exactly where it stopped
-    gpt-train --init-from gpt2/ --data my.txt --lr 3e-5 --max-iters 200   # fine-tune GPT-2
+    gpt-train --init-from gpt2 --data my.txt --lr 3e-5 --max-iters 200    # fine-tune GPT-2
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 gpt-train   # data parallel, same losses (gpt/dist_train.py)
 
 Configuration: TrainConfig's defaults, then (with --resume) the checkpoint's config, then a
@@ -60,6 +60,7 @@ from .data import (
     read_shakespeare,
     read_text_path,
 )
+from .hub import is_hub_name, resolve, source_problem
 from .lock import LockError, RunLock
 from .model import GPT
 from .optim import clip_grad_norm_, cosine_lr
@@ -80,7 +81,7 @@ class TrainConfig:
     n_embd: int | None = None
     block_size: int | None = None
     dropout: float | None = None
-    init_from: str | None = None  # HuggingFace GPT-2 directory
+    init_from: str | None = None  # Hugging Face GPT-2 directory or hub name (gpt.hub)
     # optimisation
     batch_size: int = 32
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -208,9 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, metavar="X", help="dropout probability in [0, 1)")
     g.add_argument(
         "--init-from",
-        metavar="DIR",
-        help="fine-tune a HuggingFace GPT-2 directory (config.json, "
-        "model.safetensors, vocab.json, merges.txt); its tokenizer is used",
+        metavar="DIR|NAME",
+        help="fine-tune a Hugging Face GPT-2 directory (config.json, "
+        "model.safetensors, vocab.json, merges.txt) or hub name (gpt2, gpt2-xl, "
+        "owner/repo[@revision]: fetched into the hub cache, needs the hf extra); its tokenizer "
+        "is used",
     )
     g = p.add_argument_group("optimisation")
     g.add_argument(
@@ -391,7 +394,7 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
     for layer in layers:
         _check_types(layer)
         for k in ("data", "init_from"):
-            if layer.get(k):
+            if layer.get(k) and not (k == "init_from" and is_hub_name(layer[k])):
                 layer[k] = str(Path(layer[k]).expanduser().resolve())
     given = {k: v for layer in layers for k, v in layer.items()}
     if control["resume"] and control["overwrite"]:
@@ -521,8 +524,8 @@ def validate(c: TrainConfig, check_paths: bool = True) -> None:
         if c.out_dir and Path(c.out_dir).exists() and not Path(c.out_dir).is_dir():
             raise UsageError(f"--out-dir {c.out_dir} exists and is not a directory")
     if c.init_from is not None:
-        if check_paths and not Path(c.init_from).is_dir():
-            raise UsageError(f"--init-from {c.init_from} is not a directory")
+        if check_paths and source_problem(c.init_from) is not None:
+            raise UsageError(f"--init-from {source_problem(c.init_from)}")
         for name in ("n_layer", "n_head", "n_embd"):
             if getattr(c, name) is not None:
                 raise UsageError(
@@ -583,7 +586,7 @@ def _planned_config(c: TrainConfig) -> GPTConfig:
     """The model a fresh run will build, before its data is prepared (vocabulary guessed:
     --vocab-size or 4096 for BPE, 256 for characters; --init-from's, checked with its header)."""
     if c.init_from:
-        mc = check_hf_dir(c.init_from)
+        mc = check_hf_dir(resolve(c.init_from))  # a hub name: fetched into the hub cache
         return dataclasses.replace(mc, block_size=c.block_size or mc.block_size)
     vocab = (c.vocab_size or 4096) if c.tokenizer == "bpe" else 256
     return GPTConfig.from_preset(c.preset, vocab_size=vocab, **_model_overrides(c))
@@ -812,7 +815,7 @@ def _train(
         from .tokenizer import load_tokenizer_dir
 
         try:
-            fixed_tok = load_tokenizer_dir(c.init_from)
+            fixed_tok = load_tokenizer_dir(resolve(c.init_from))
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {c.init_from}: {e}") from None
     with ddp.one_at_a_time():  # under mpiexec the first rank prepares, the others reuse
