@@ -7,6 +7,7 @@ COMMANDS = (
     ("gpt-sample", "generate text from a trained run or a GPT-2 checkpoint"),
     ("gpt-explain", "show one training step stage by stage (--steps, --serve: watch it learn)"),
     ("gpt-plot", "redraw a run's loss.png from its metrics.jsonl"),
+    ("gpt-export", "write a run as a Hugging Face GPT-2 directory transformers loads"),
 )
 
 

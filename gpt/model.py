@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -375,11 +374,21 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
-    def from_pretrained(cls, path) -> GPT:
-        """Load a HuggingFace-format GPT-2 directory (config.json + model.safetensors)."""
+    def from_pretrained(cls, name_or_path, revision: str | None = None) -> GPT:
+        """GPT-2 from a Hugging Face-format directory (config.json + model.safetensors) or a
+        hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, owner/repo; see gpt.hub), fetched
+        into the hub cache; validated before anything is allocated."""
+        from .hub import resolve
         from .store.checkpoint import load_hf_gpt2
 
-        return load_hf_gpt2(cls, Path(path))
+        return load_hf_gpt2(cls, resolve(name_or_path, revision))
+
+    def save_pretrained(self, directory, tokenizer=None) -> None:
+        """Write a directory that transformers.GPT2LMHeadModel.from_pretrained loads (config.json,
+        model.safetensors, and the tokenizer's files when given); see gpt.hf_format."""
+        from .hf_format import save_pretrained
+
+        save_pretrained(self, directory, tokenizer)
 
     # ------------------------------------------------------------------ nanoGPT's names
     def get_num_params(self, non_embedding: bool = True) -> int:

@@ -2,7 +2,7 @@
 
     gpt-sample                                     # the best checkpoint of out/shakespeare-char
     gpt-sample --out-dir out/notes-bpe --which latest --prompt "Dear diary," --top-p 0.9
-    gpt-sample --init-from gpt2/ --prompt "Hello, I'm a language model," --num-samples 3
+    gpt-sample --init-from gpt2 --prompt "Hello, I'm a language model," --num-samples 3
 
 Tokens are printed as they are generated. Byte-level BPE tokens can end in the middle of a
 UTF-8 character, so the text is decoded from all ids generated so far and only the part that
@@ -114,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--init-from",
         default=None,
-        metavar="DIR",
-        help="a HuggingFace GPT-2 directory (config.json, model.safetensors, "
-        "vocab.json, merges.txt) instead of a gpt-train run",
+        metavar="DIR|NAME",
+        help="a Hugging Face GPT-2 directory (config.json, model.safetensors, "
+        "vocab.json, merges.txt) or hub name (gpt2, gpt2-xl, owner/repo[@revision]; "
+        "fetched into the hub cache, needs the hf extra) instead of a gpt-train run",
     )
     gen = p.add_argument_group("generation")
     gen.add_argument(
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _validate(a) -> None:
+    from .hub import source_problem
+
     if a.out_dir is not None and a.init_from is not None:
         raise UsageError("give either --out-dir or --init-from, not both")
     if a.prompt is not None and a.prompt_file is not None:
@@ -189,8 +192,8 @@ def _validate(a) -> None:
         raise UsageError(f"--seed must be >= 0, got {a.seed}")
     if a.top_p is not None and not 0.0 < a.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
-    if a.init_from is not None and not Path(a.init_from).is_dir():
-        raise UsageError(f"--init-from {a.init_from} is not a directory")
+    if a.init_from is not None and source_problem(a.init_from) is not None:
+        raise UsageError(f"--init-from {source_problem(a.init_from)}")
     if a.prompt_file is not None and not Path(a.prompt_file).is_file():
         raise UsageError(f"--prompt-file {a.prompt_file} does not exist or is not a regular file")
     if a.device == "cuda" and tg.cuda.unavailable_reason() is not None:
@@ -199,17 +202,19 @@ def _validate(a) -> None:
 
 def _load(a):
     """(model, tokenizer, description) for the chosen source."""
+    from .hub import resolve
     from .model import GPT
     from .store.errors import CheckpointError
     from .store.run_checkpoint import has_checkpoint, load_model
     from .tokenizer import load_tokenizer_dir
 
     if a.init_from is not None:
+        src = resolve(a.init_from)  # a hub name is fetched into the hub cache
         try:
-            tok = load_tokenizer_dir(a.init_from)
+            tok = load_tokenizer_dir(src)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {a.init_from}: {e}") from None
-        model = GPT.from_pretrained(a.init_from)
+        model = GPT.from_pretrained(src)
         if tok.vocab_size > model.config.vocab_size:
             raise CheckpointError(
                 f"the tokenizer of {a.init_from} has {tok.vocab_size} tokens "

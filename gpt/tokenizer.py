@@ -179,6 +179,60 @@ class CharTokenizer(Tokenizer):
     def load(cls, directory: str | os.PathLike) -> CharTokenizer:
         return cls.from_dict(json.loads(Path(directory, "tokenizer.json").read_text("utf-8")))
 
+    def to_hf_json(self) -> dict:
+        """This vocabulary as a Hugging Face `tokenizers` tokenizer.json: a WordLevel model over
+        single characters (the pre-tokenizer isolates each one), `<|unk|>` for the rest, and a
+        decoder that joins tokens without spaces. It encodes to the same ids as `encode(s,
+        allowed_special="all")`, except that the literal text "<|unk|>" is also special there."""
+        vocab = {UNK: 0, EOT: 1, **self._stoi}
+        added = [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False}
+            | {"normalized": False, "special": True}
+            for t, i in ((UNK, 0), (EOT, 1))
+        ]
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": added,
+            "normalizer": None,
+            "pre_tokenizer": {
+                "type": "Split",
+                "pattern": {"Regex": "[\\s\\S]"},  # every character on its own
+                "behavior": "Isolated",
+                "invert": False,
+            },
+            "post_processor": None,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNK},
+        }
+
+    @classmethod
+    def from_hf_json(cls, d: dict) -> CharTokenizer:
+        """The inverse of `to_hf_json`; anything else is refused with one line."""
+        model = d.get("model") if isinstance(d, dict) else None
+        vocab = model.get("vocab") if isinstance(model, dict) else None
+        if not isinstance(vocab, dict) or model.get("type") != "WordLevel":
+            kind = model.get("type") if isinstance(model, dict) else None
+            raise ValueError(
+                f"tokenizer.json holds a Hugging Face {kind} tokenizer; gpt reads GPT-2's "
+                "vocab.json + merges.txt, or the character-level tokenizer.json gpt-export writes"
+            )
+        chars = sorted((i, t) for t, i in vocab.items() if t not in (UNK, EOT))
+        ok = (
+            vocab.get(UNK) == 0
+            and vocab.get(EOT) == 1
+            and all(isinstance(t, str) and len(t) == 1 for _, t in chars)
+            and [i for i, _ in chars] == list(range(2, len(chars) + 2))
+            and [t for _, t in chars] == sorted(t for _, t in chars)
+        )
+        if not ok:
+            raise ValueError(
+                "tokenizer.json is a WordLevel tokenizer but not a gpt character tokenizer "
+                f"({UNK} = 0, {EOT} = 1, then single characters in sorted order)"
+            )
+        return cls(t for _, t in chars)
+
 
 # --------------------------------------------------------------------------- byte-level BPE
 
@@ -508,12 +562,17 @@ load_tokenizer = tokenizer_from_dict  # the name some callers use
 
 
 def load_tokenizer_dir(path: str | os.PathLike) -> Tokenizer:
-    """Load the tokenizer saved in `path`: `tokenizer.json` (char) or `vocab.json`+`merges.txt`."""
+    """Load the tokenizer saved in `path`: `vocab.json`+`merges.txt` (bpe) or `tokenizer.json`
+    (char: ours, or the `tokenizers` form `CharTokenizer.to_hf_json` writes)."""
     path = Path(path)
-    if (path / "tokenizer.json").is_file():
-        return tokenizer_from_dict(json.loads((path / "tokenizer.json").read_text("utf-8")))
+    # GPT-2's pair first: a hub repo such as gpt2 also has a Hugging Face tokenizer.json
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         return BPETokenizer.load(path)
+    if (path / "tokenizer.json").is_file():
+        d = json.loads((path / "tokenizer.json").read_text("utf-8"))
+        if isinstance(d, dict) and "model" in d:  # the `tokenizers` format (gpt-export's)
+            return CharTokenizer.from_hf_json(d)
+        return tokenizer_from_dict(d)
     raise FileNotFoundError(
         f"no tokenizer in {path}: expected tokenizer.json (char) or vocab.json + merges.txt (bpe)"
     )

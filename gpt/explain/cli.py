@@ -19,6 +19,7 @@ import numpy as np
 import tensorgrad as tg
 
 from ..config import PRESETS, GPTConfig
+from ..hub import resolve
 from ..model import GPT
 from ..store.errors import CheckpointError
 from ..store.run_checkpoint import load_model
@@ -38,9 +39,10 @@ def load(args):
         model, tok, _, d = load_model(args.out_dir, which=args.which)
         return model, tok, f"trained run {d}"
     if args.init_from:
+        src = resolve(args.init_from)  # a hub name is fetched into the hub cache
         return (
-            GPT.from_pretrained(args.init_from),
-            load_tokenizer_dir(args.init_from),
+            GPT.from_pretrained(src),
+            load_tokenizer_dir(src),
             f"GPT-2 checkpoint {args.init_from}",
         )
     tok = prompt_tokenizer(args.prompt, args.tokenizer)
@@ -102,8 +104,8 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--out-dir", help="a gpt-train run directory (default: a fresh model)")
     src.add_argument(
         "--init-from",
-        help="a HuggingFace GPT-2 directory (config.json, "
-        "model.safetensors, vocab.json, merges.txt)",
+        help="a Hugging Face GPT-2 directory (config.json, "
+        "model.safetensors, vocab.json, merges.txt) or hub name (gpt2, owner/repo[@revision])",
     )
     ap.add_argument(
         "--which", choices=("best", "latest"), default="best", help="which checkpoint of --out-dir"

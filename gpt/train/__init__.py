@@ -3,7 +3,7 @@
     gpt-train                                   # character-level Shakespeare
     gpt-train --data notes/ --tokenizer bpe --vocab-size 2048 --max-iters 500
     gpt-train --resume --out-dir out/shakespeare-char       # continue exactly where it stopped
-    gpt-train --init-from gpt2/ --data my.txt --lr 3e-5 --max-iters 200   # fine-tune GPT-2
+    gpt-train --init-from gpt2 --data my.txt --lr 3e-5 --max-iters 200    # fine-tune GPT-2
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 gpt-train   # data parallel, same losses (gpt/dist_train.py)
 
 The training step is `loop.train`; the rooms around it:

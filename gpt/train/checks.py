@@ -12,6 +12,7 @@ from pathlib import Path
 import tensorgrad as tg
 
 from ..config import PRESETS, GPTConfig
+from ..hub import resolve, source_problem
 from ..store.checkpoint import check_hf_dir
 from ..store.validate import LIMITS, check_memory, estimate_bytes, n_params
 from .config import DTYPES, FIELDS, TrainConfig, UsageError, kind, model_overrides
@@ -91,8 +92,8 @@ def _check_data(c: TrainConfig, check_paths: bool) -> None:
 
 def _check_model(c: TrainConfig, check_paths: bool) -> None:
     if c.init_from is not None:
-        if check_paths and not Path(c.init_from).is_dir():
-            raise UsageError(f"--init-from {c.init_from} is not a directory")
+        if check_paths and source_problem(c.init_from) is not None:
+            raise UsageError(f"--init-from {source_problem(c.init_from)}")
         for name in ("n_layer", "n_head", "n_embd"):
             if getattr(c, name) is not None:
                 raise UsageError(
@@ -151,7 +152,7 @@ def planned_config(c: TrainConfig) -> GPTConfig:
     """The model a fresh run will build, before its data is prepared (vocabulary guessed:
     --vocab-size or 4096 for BPE, 256 for characters; --init-from's, checked with its header)."""
     if c.init_from:
-        mc = check_hf_dir(c.init_from)
+        mc = check_hf_dir(resolve(c.init_from))  # a hub name: fetched into the hub cache
         return dataclasses.replace(mc, block_size=c.block_size or mc.block_size)
     vocab = (c.vocab_size or 4096) if c.tokenizer == "bpe" else 256
     return GPTConfig.from_preset(c.preset, vocab_size=vocab, **model_overrides(c))

@@ -70,8 +70,9 @@ class TrainConfig:
         None,
         "model",
         "fine-tune a Hugging Face GPT-2 directory (config.json, model.safetensors, "
-        "vocab.json, merges.txt); its tokenizer is used",
-        "DIR",
+        "vocab.json, merges.txt) or hub name (gpt2, gpt2-xl, owner/repo[@revision]: fetched "
+        "into the hub cache, needs the hf extra); its tokenizer is used",
+        "DIR|NAME",
     )
     # optimisation
     batch_size: int = opt(32, "optimisation", "sequences per micro-batch", "N")

@@ -22,6 +22,7 @@ from ..data import (
     read_shakespeare,
     read_text_path,
 )
+from ..hub import resolve
 from ..model import GPT
 from ..store import run_checkpoint as rc
 from ..store.errors import CheckpointError
@@ -109,7 +110,7 @@ def _data(c: TrainConfig, ckpt: dict | None, ddp) -> tuple[Path, dict, object]:
         fixed_tok = tokenizer_from_dict(ckpt["tokenizer"])
     elif c.init_from:
         try:
-            fixed_tok = load_tokenizer_dir(c.init_from)
+            fixed_tok = load_tokenizer_dir(resolve(c.init_from))
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot load the tokenizer of {c.init_from}: {e}") from None
     with ddp.one_at_a_time():  # under mpiexec the first rank prepares, the others reuse
