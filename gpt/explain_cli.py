@@ -29,6 +29,7 @@ from .explain import (
     render_html,
     render_text,
 )
+from .explain_http import is_loopback
 from .model import GPT
 
 
@@ -186,9 +187,21 @@ def parser() -> argparse.ArgumentParser:
         "--serve",
         action="store_true",
         help="a local page to step the model and "
-        "watch it (http://127.0.0.1, a free port unless --port)",
+        "watch it (http://127.0.0.1, a free port unless --port; see --host)",
     )
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="with --serve: the address to listen on (default 127.0.0.1; another than "
+        "loopback needs --allow-remote)",
+    )
+    ap.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="with --serve: allow a --host other than loopback (anyone who can reach it "
+        "can train the model)",
+    )
     ap.add_argument("--format", choices=("text", "json", "html"), default="text")
     ap.add_argument("-o", "--output", help="write here instead of stdout")
     ap.add_argument(
@@ -218,6 +231,8 @@ def _check_args(ap, args):
         ap.error(f"--graph writes .dot, .svg, .png or .pdf, not {args.graph!r}")
     if not 0 <= args.port <= 65535:
         ap.error(f"--port must be in 0..65535, got {args.port}")
+    if not is_loopback(args.host) and not args.allow_remote:
+        ap.error(f"--host {args.host} is not loopback: add --allow-remote to serve it")
 
 
 def _graph(args, model, tok) -> str | None:
@@ -267,6 +282,7 @@ def _run(args) -> int:
             checks=args.checks,
             port=args.port,
             source=source,
+            host=args.host,
         )
     if args.steps is not None:
         from .explain_steps import follow_steps, render_steps_html, render_steps_text
