@@ -29,6 +29,7 @@ from .render.plots import save_steps_png
 from .render.steps import render_steps_html, render_steps_text
 from .render.text import render_text
 from .report import DEFAULT_PROMPT, MAX_TOKENS, TOKEN_LIMIT, explain, prompt_ids, prompt_tokenizer
+from .serve.calm import is_loopback
 from .serve.server import serve
 from .steps import follow_steps
 
@@ -203,9 +204,21 @@ def _add_training_args(ap) -> None:
         "--serve",
         action="store_true",
         help="a local page to step the model and "
-        "watch it (http://127.0.0.1, a free port unless --port)",
+        "watch it (http://127.0.0.1, a free port unless --port; see --host)",
     )
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="with --serve: the address to listen on (default 127.0.0.1; another than "
+        "loopback needs --allow-remote)",
+    )
+    ap.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="with --serve: allow a --host other than loopback (anyone who can reach it "
+        "can train the model)",
+    )
 
 
 def _check_args(ap, args):
@@ -227,6 +240,8 @@ def _check_args(ap, args):
         ap.error(f"--graph writes .dot, .svg, .png or .pdf, not {args.graph!r}")
     if not 0 <= args.port <= 65535:
         ap.error(f"--port must be in 0..65535, got {args.port}")
+    if not is_loopback(args.host) and not args.allow_remote:
+        ap.error(f"--host {args.host} is not loopback: add --allow-remote to serve it")
 
 
 def _graph(args, model, tok) -> str | None:
@@ -268,7 +283,14 @@ def _run(args) -> int:
     )
     if args.serve:
         return serve(
-            model, tok, args.prompt, checks=args.checks, port=args.port, source=source, **session
+            model,
+            tok,
+            args.prompt,
+            checks=args.checks,
+            port=args.port,
+            source=source,
+            host=args.host,
+            **session,
         )
     if args.steps is not None:
         t = follow_steps(model, tok, args.prompt, args.steps, **session)
