@@ -1,6 +1,6 @@
 """Where a tensorgrad training step spends its time: python -m benchmarks.profile [--shape S].
 
-Wraps every Function subclass's forward and backward (in this process only; tensorgrad's
+Wraps every Op subclass's forward and backward (in this process only; tensorgrad's
 files are untouched) and reports, per op and input shapes: calls per step, milliseconds per
 step, the bytes it keeps for backward, and whether any float64 array appears. Also times the
 tape walk's own work (gradient accumulation), the AdamW step, and optionally prints cProfile's
@@ -57,15 +57,16 @@ class OpProfiler:
         import importlib
 
         from tensorgrad import autograd
+        from tensorgrad.autograd import engine
 
-        importlib.import_module("tensorgrad.functional")  # defines the fused Functions
-        for cls in {c for c in _subclasses(autograd.Function)}:
+        importlib.import_module("tensorgrad.functional")  # defines the fused Ops
+        for cls in {c for c in _subclasses(autograd.Op)}:
             for phase in ("forward", "backward"):
                 if phase in cls.__dict__:
                     orig = cls.__dict__[phase]
                     setattr(cls, phase, self._wrap(cls.__name__, phase, orig))
                     self.patched.append((cls, phase, orig))
-        orig_acc = autograd._accumulate
+        orig_acc = engine._accumulate
 
         def acc(a, b):
             t = time.perf_counter()
@@ -75,9 +76,9 @@ class OpProfiler:
             self.calls[key] += 1
             return r
 
-        autograd._accumulate = acc
-        self.patched.append((autograd, "_accumulate", orig_acc))
-        orig_leaf = autograd._accumulate_grad
+        engine._accumulate = acc
+        self.patched.append((engine, "_accumulate", orig_acc))
+        orig_leaf = engine._accumulate_grad
 
         def leaf(t, g):
             first = t.grad is None
@@ -91,8 +92,8 @@ class OpProfiler:
             self.time[key] += time.perf_counter() - s
             self.calls[key] += 1
 
-        autograd._accumulate_grad = leaf
-        self.patched.append((autograd, "_accumulate_grad", orig_leaf))
+        engine._accumulate_grad = leaf
+        self.patched.append((engine, "_accumulate_grad", orig_leaf))
 
     def uninstall(self):
         for obj, name, orig in reversed(self.patched):

@@ -13,7 +13,7 @@ from importlib import metadata as _metadata
 
 import numpy as _np
 
-from . import cuda, distributed, functional, kernels, nn, optim, viz
+from . import autograd, cuda, distributed, functional, kernels, nn, optim, viz
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import (
     device_of,
@@ -57,8 +57,9 @@ from .factory import (
 )
 from .functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)
 from .functions import __all__ as _functions_all
-from .gradcheck import GradcheckError, gradcheck
+from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
+from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiable backwards use)
 from .ops.dtypes import result_type
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
@@ -132,7 +133,9 @@ __all__ = [
     "set_rng_state",
     "generator",
     "gradcheck",
+    "gradgradcheck",
     "GradcheckError",
+    "autograd",
     "functional",
     "nn",
     "optim",

@@ -53,7 +53,7 @@ _cupy_error: str | None = None
 # (array type, module, device) of stand-in array modules registered by tests
 _registered: list = []
 # True once a second array module (CuPy or a registered one) can appear: only then do
-# array-module lookups and the mixed-device check in Function.apply do any work
+# array-module lookups and the mixed-device check in Op.apply do any work
 _multi = False
 
 CUDA_HINT = (
@@ -136,6 +136,14 @@ def get_array_module(*arrays):
                 if isinstance(a, t):
                     return module
     return np
+
+
+def shares_memory(a, b) -> bool:
+    """Whether array a may overlap array b in memory (it itself, or a view of it)."""
+    if a is b:
+        return True
+    msm = getattr(get_array_module(a), "may_share_memory", None)
+    return bool(msm(a, b)) if msm is not None else getattr(a, "base", None) is not None
 
 
 def _device_or_none(a):

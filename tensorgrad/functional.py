@@ -1,7 +1,7 @@
 """Neural-network functions (``import tensorgrad.functional as F``): check, then apply.
 
 Each function checks its arguments (shapes, dims, dtypes) with one clear error, then
-applies one op: the reference Function in ``ops/nn.py`` (the formula, with its
+applies one op: the reference Op in ``ops/nn.py`` (the formula, with its
 backward), which runs a registered kernel instead where one applies
 (``tensorgrad.kernels``). Composed one-liners (relu) build on Tensor methods.
 """

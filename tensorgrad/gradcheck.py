@@ -1,10 +1,11 @@
-"""Gradient checking: tape gradients against float64 central finite differences."""
+"""Gradient checking: tape gradients against float64 central finite differences, and
+second derivatives (``gradgradcheck``) against finite differences of the first."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .autograd import no_grad
+from .autograd import enable_grad, grad, no_grad
 from .backend import to_numpy
 from .tensor import Tensor
 
@@ -78,3 +79,32 @@ def gradcheck(
                 f"(atol={atol}, rtol={rtol})"
             )
     return True
+
+
+def gradgradcheck(
+    fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3, seed: int = 0
+) -> bool:
+    """Check second derivatives: the gradient of fn (taken with ``create_graph=True``) is
+    itself gradchecked, each input's gradient weighted by fixed random numbers, against
+    finite differences of that first gradient. Inputs are copied to float64 as in
+    :func:`gradcheck`; raises GradcheckError naming the input and index on a mismatch."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    xs = _as_float64(inputs)
+    rng = np.random.default_rng(seed + 1)
+    out = fn(*xs)
+    w = Tensor(rng.standard_normal(out.shape)) if out.ndim else Tensor(np.float64(1.0))
+    wanted = [x for x in xs if isinstance(x, Tensor) and x.requires_grad]
+    vs = [Tensor(rng.standard_normal(x.shape)) for x in wanted]
+
+    def first_gradient(*args):
+        diff = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+        with enable_grad():
+            y = (fn(*args) * w).sum()
+            gs = grad(y, diff, create_graph=True, allow_unused=True)
+            total = sum((a * 0).sum() for a in diff)  # keeps every input in the graph
+            for g, v in zip(gs, vs):
+                if g is not None:
+                    total = total + (g * v).sum()
+        return total
+
+    return gradcheck(first_gradient, xs, eps=eps, atol=atol, rtol=rtol, seed=seed)

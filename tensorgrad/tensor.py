@@ -21,8 +21,17 @@ from collections import namedtuple
 import numpy as np
 
 from . import autograd
-from .autograd import Function, is_grad_enabled
-from .backend import device_of, get_array_module, parse_device, rng, to_device, to_numpy, xp_for
+from .autograd import Op, is_grad_enabled
+from .backend import (
+    device_of,
+    get_array_module,
+    parse_device,
+    rng,
+    shares_memory,
+    to_device,
+    to_numpy,
+    xp_for,
+)
 from .ops import elementwise as E
 from .ops import linalg, reduce
 from .ops import shape as shape_ops
@@ -99,14 +108,6 @@ def _dims(args):
     return tuple(args)
 
 
-def _shares(a, b) -> bool:
-    """Whether array a really is a view into b's memory (NumPy copies when it has to)."""
-    if a is b:
-        return True
-    msm = getattr(get_array_module(a), "may_share_memory", None)
-    return bool(msm(a, b)) if msm is not None else getattr(a, "base", None) is not None
-
-
 def _is_dtype(x) -> bool:
     if isinstance(x, (str, Tensor)) or x is None:
         return False
@@ -145,6 +146,7 @@ class Tensor:
         "_base",
         "_view_fn",
         "_views",
+        "_hooks",
         "__weakref__",
     )
     __array_priority__ = 1000  # make ndarray + Tensor call Tensor.__radd__
@@ -210,7 +212,7 @@ class Tensor:
         return self._node is None
 
     @property
-    def grad_fn(self) -> Function | None:
+    def grad_fn(self) -> Op | None:
         return self._node
 
     shape = property(lambda self: Size(self.data.shape))
@@ -361,16 +363,24 @@ class Tensor:
         return self.dtype.kind == "f"
 
     # ------------------------------------------------------------------ autograd
-    def backward(self, gradient=None, retain_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
-        autograd.backward(self, gradient, retain_graph=retain_graph)
+    def backward(self, gradient=None, retain_graph=None, create_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``. ``create_graph=True``
+        records the backward, so the gradients can be differentiated again."""
+        autograd.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     def retain_grad(self) -> None:
-        """Keep this non-leaf tensor's gradient in ``.grad`` during backward."""
+        """Keep this non-leaf tensor's gradient in ``.grad`` during ``backward()`` (leaves
+        always keep theirs)."""
         if self._node is not None:
             if self._node.retained is None:
                 self._node.retained = {}
             self._node.retained[self._out_index] = self
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` whenever this tensor's gradient is computed; a returned tensor
+        replaces the gradient (on a leaf: before it is accumulated into ``.grad``). Returns
+        a handle whose ``.remove()`` unregisters it."""
+        return autograd.register_hook(self, hook)
 
     # ------------------------------------------------------------------ arithmetic
     def _binary(self, cls, other, reflected=False, true_divide=False):
@@ -921,7 +931,7 @@ class Tensor:
         """Mark ``out`` as a view of self when it really shares self's memory: it then shares
         the version counter, remembers the base and, as ``fn`` after self's own, how to find
         its region in an array shaped like the base (for recorded in-place writes)."""
-        if _shares(out.data, self.data):
+        if shares_memory(out.data, self.data):
             out._version = self._version
             if self._base is None:
                 out._base, out._view_fn = self, fn
@@ -939,7 +949,7 @@ class Tensor:
         if len(shape_) == 1 and _is_dtype(shape_[0]) and not isinstance(shape_[0], int):
             raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
         out = shape_ops.Reshape.apply(self, _dims(shape_))
-        if out.data.size and not _shares(out.data, self.data):
+        if out.data.size and not shares_memory(out.data, self.data):
             raise RuntimeError(
                 f"view size is not compatible with input tensor's size and stride (shape "
                 f"{tuple(self.shape)} to {tuple(out.shape)}: at least one dimension spans "
@@ -1122,12 +1132,14 @@ def _rng_of(generator, device: str):
     return generator.rng(device)
 
 
-class ToDevice(Function):
+class ToDevice(Op):
     def forward(self, x, device):
         self.src = device_of(x)
         return to_device(x, device)
 
     def backward(self, g):
+        if isinstance(g, Tensor):  # recorded (create_graph): the move back is an op too
+            return ToDevice.apply(g, self.src), None
         return to_device(g, self.src), None
 
 

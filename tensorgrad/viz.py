@@ -1,6 +1,6 @@
 """Graphviz export of a recorded graph: ``tg.viz.to_dot(loss, params=model)``.
 
-Walks the Function nodes reachable from a tensor (iteratively, through ``.edges``) and writes
+Walks the Op nodes reachable from a tensor (iteratively, through ``.edges``) and writes
 one DOT node per op (name, output shape, dtype) and per leaf tensor (its parameter name when
 ``params`` names it, else ``input (shape)``), with edges in the direction data flows.
 
@@ -26,7 +26,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .autograd import Function
+from .autograd import Op
 from .tensor import Tensor
 
 GRAPHVIZ_HINT = "install graphviz: apt-get install graphviz / brew install graphviz"
@@ -56,7 +56,7 @@ def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def _walk(root: Function):
+def _walk(root: Op):
     """Every node reachable from ``root`` and every leaf tensor, in input-before-output order."""
     order, leaves, expanded = [], {}, set()
     stack = [(root, False)]
@@ -92,7 +92,7 @@ def _stages(order, names) -> dict[int, int]:
     return stage
 
 
-def _op_label(fn: Function) -> str:
+def _op_label(fn: Op) -> str:
     shapes = [f"{_shape(s)} {dt}" for s, dt in fn.out_meta]
     return fn.name + "\n" + "\n".join(shapes)
 

@@ -96,6 +96,23 @@ def check_op(
     return out
 
 
+def recomputed_bytes(op: str, arrays) -> int:
+    """Bytes a reference op computes again in backward instead of keeping (so that its
+    backward is differentiable: it keeps only inputs, outputs and masks). A kernel, whose
+    backward is not differentiated, may keep them instead: the memory tests allow that."""
+    x = arrays[0]
+    item = x.dtype.itemsize
+    if op == "layer_norm":  # x̂ and the per-row mean and 1/std
+        return x.nbytes + 2 * (x.size // max(x.shape[-1], 1)) * item
+    if op == "cross_entropy":  # the softmax and the per-row max and log-sum
+        return x.nbytes + 2 * x.shape[0] * item
+    if op == "attention":  # the (..., L, S) probabilities
+        q, k = arrays[0], arrays[1]
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        return int(np.prod(batch, dtype=np.int64)) * q.shape[-2] * k.shape[-2] * item
+    return 0
+
+
 # ----------------------------------------------------------------------------- strategies
 
 

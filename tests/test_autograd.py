@@ -11,8 +11,7 @@ import pytest
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad import autograd
-from tensorgrad.autograd import Function
+from tensorgrad.autograd import Op, engine
 from tensorgrad.tensor import Tensor
 
 # ----------------------------------------------------------------------------- dtypes
@@ -23,8 +22,8 @@ def dtype_log(monkeypatch):
     """Every array the tape creates: forward outputs, gradients between nodes, leaf gradients."""
     seen = []
     make = Tensor._make.__func__
-    acc_grad = autograd._accumulate_grad
-    acc = autograd._accumulate
+    acc_grad = engine._accumulate_grad
+    acc = engine._accumulate
 
     def _make(cls, data, node, index):
         seen.append(("forward", getattr(data, "dtype", type(data))))
@@ -39,8 +38,8 @@ def dtype_log(monkeypatch):
         return acc(a, b)
 
     monkeypatch.setattr(Tensor, "_make", classmethod(_make))
-    monkeypatch.setattr(autograd, "_accumulate_grad", _accumulate_grad)
-    monkeypatch.setattr(autograd, "_accumulate", _accumulate)
+    monkeypatch.setattr(engine, "_accumulate_grad", _accumulate_grad)
+    monkeypatch.setattr(engine, "_accumulate", _accumulate)
     return seen
 
 
@@ -511,7 +510,7 @@ def test_rng_state_roundtrip():
 # ----------------------------------------------------------------------------- gradcheck
 
 
-class BadSquare(Function):
+class BadSquare(Op):
     """x² with a backward that forgets the factor 2."""
 
     def forward(self, x):

@@ -8,10 +8,10 @@ import pytest
 
 import tensorgrad as tg
 import tensorgrad.functional as F
-from tensorgrad.autograd import Function
+from tensorgrad.autograd import Op
 
 
-class SumAll(Function):
+class SumAll(Op):
     """A deliberately wrong op: backward returns the upstream sum (a scalar) instead of g."""
 
     def forward(self, x):
@@ -21,7 +21,7 @@ class SumAll(Function):
         return g.sum()
 
 
-class WrongShape(Function):
+class WrongShape(Op):
     def forward(self, x):
         return x.copy()
 
@@ -29,7 +29,7 @@ class WrongShape(Function):
         return g[:1]
 
 
-class TooFew(Function):
+class TooFew(Op):
     def forward(self, x, y):
         return x + y
 
@@ -37,7 +37,7 @@ class TooFew(Function):
         return g  # one gradient for two inputs
 
 
-class WrongDtype(Function):
+class WrongDtype(Op):
     def forward(self, x):
         return x.copy()
 

@@ -15,12 +15,12 @@ from hypothesis.extra import numpy as hnp
 import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import kernels
-from tensorgrad.autograd import Function
+from tensorgrad.autograd import Op
 
 # ----------------------------------------------------------------------------- the contract
 
 
-class _Half(Function):
+class _Half(Op):
     """y = x·w, with a backward that forgets w unless told it is non-differentiable."""
 
     def forward(self, x, w):

@@ -26,6 +26,7 @@ import math
 import numpy as np  # host-side scalars and shapes only, never tensor data
 
 from ..backend import require_cublas, require_cupy
+from ..ops.nn import GELU_C, SQRT_2_OVER_PI
 
 _cache: dict = {}
 
@@ -224,24 +225,23 @@ def rows_source() -> str:
     return COMMON_SRC + ROWS_SRC
 
 
+_K, _C = f"{SQRT_2_OVER_PI!r}f", f"{GELU_C!r}f"  # GELU's constants as CUDA float literals
+
 # name -> (in_params, out_params, operation) of each cupy.ElementwiseKernel
 ELEMENTWISE = {
     "tg_gelu_tanh_fwd": (
         "float32 x",
         "float32 y",
-        (
-            "const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);"
-            "y = 0.5f * x * (1.f + tanhf(u));"
-        ),
+        (f"const float u = {_K} * (x + {_C} * x * x * x);y = 0.5f * x * (1.f + tanhf(u));"),
     ),
     "tg_gelu_tanh_bwd": (
         "float32 g, float32 x",
         "float32 gx",
         (
             "const float x2 = x * x;"
-            "const float t = tanhf(0.7978845608028654f * x * (1.f + 0.044715f * x2));"
+            f"const float t = tanhf({_K} * x * (1.f + {_C} * x2));"
             "gx = g * (0.5f * (1.f + t)"
-            " + 0.5f * x * (1.f - t * t) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * x2));"
+            f" + 0.5f * x * (1.f - t * t) * {_K} * (1.f + 3.f * {_C} * x2));"
         ),
     ),
     "tg_gelu_erf_fwd": (

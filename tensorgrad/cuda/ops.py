@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .. import backend
-from ..autograd import Function, unbroadcast
+from ..autograd import Op, unbroadcast
 from ..kernels import register
 from ..ops.nn import Embedding, check_attention, check_classes, loss_coef, reduce_losses
 from . import flash as FA
@@ -32,7 +32,7 @@ def on_gpu(*arrays) -> bool:
     name="cuda.softmax",
     when=lambda x, dim=-1: on_gpu(x) and K.softmax_supported(x, dim),
 )
-class CudaSoftmax(Function):
+class CudaSoftmax(Op):
     def forward(self, x, dim=-1):
         y = K.softmax_forward(x)  # one CUDA block per row
         self.save(y)
@@ -49,7 +49,7 @@ class CudaSoftmax(Function):
     name="cuda.cross_entropy",
     when=lambda x, target, **kw: on_gpu(x) and K.cross_entropy_supported(x),
 )
-class CudaCrossEntropy(Function):
+class CudaCrossEntropy(Op):
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
         xp = backend.get_array_module(x)
         valid = target != ignore_index
@@ -73,7 +73,7 @@ class CudaCrossEntropy(Function):
     name="cuda.layer_norm",
     when=lambda x, w, b, **kw: on_gpu(x, w, b) and K.layer_norm_supported(x, w, b),
 )
-class CudaLayerNorm(Function):
+class CudaLayerNorm(Op):
     def forward(self, x, w, b, nd=1, eps=1e-5):
         y, mean, rstd = K.layer_norm_forward(x, w, b, nd, eps)  # one CUDA block per row
         self.nd, self.has_w, self.has_b = nd, w is not None, b is not None
@@ -91,7 +91,7 @@ class CudaLayerNorm(Function):
     name="cuda.gelu",
     when=lambda x, approximate="tanh": on_gpu(x) and K.gelu_supported(x),
 )
-class CudaGelu(Function):
+class CudaGelu(Op):
     def forward(self, x, approximate="tanh"):
         self.approximate = approximate
         self.save(x)  # backward recomputes tanh / erf from x in the same single pass
@@ -103,7 +103,7 @@ class CudaGelu(Function):
 
 @register(
     "embedding", "cuda", name="cuda.embedding", when=lambda w, idx: on_gpu(w)
-)  # (Function.apply checks idx is on w's device)
+)  # (Op.apply checks idx is on w's device)
 class CudaEmbedding(Embedding):
     """The reference's forward; backward: sorted ids, one block per id (deterministic sums)."""
 
@@ -120,7 +120,7 @@ class CudaEmbedding(Embedding):
         on_gpu(q, k, v) and FA.flash_supported(q, k, v, mask, dropout_p)
     ),
 )
-class FlashAttention(Function):
+class FlashAttention(Op):
     """Tiled online softmax: keeps the logsumexp per query, never the (L, S) scores."""
 
     def forward(self, q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):

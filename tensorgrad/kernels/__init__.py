@@ -1,16 +1,16 @@
 """The kernel registry: fast implementations of an op, registered per (op, device).
 
-Every op has one reference implementation, a plain ``Function`` in ``ops/`` or
+Every op has one reference implementation, a plain ``Op`` in ``ops/`` or
 ``functional.py`` that names its op (``op = "softmax"``). A kernel is a separately
 written implementation of the same op, with its own forward, backward and saved state,
 registered for a device with a predicate saying when it applies::
 
     @register("softmax", "cpu", when=lambda x, dim=-1: dim in (-1, x.ndim - 1))
-    class ChunkedSoftmax(Function):
+    class ChunkedSoftmax(Op):
         ...
 
-``Function.apply`` asks :func:`pick` at call time and runs the first kernel whose
-predicate accepts the arguments, else the reference. Non-Function ops (the fused
+``Op.apply`` asks :func:`pick` at call time and runs the first kernel whose
+predicate accepts the arguments, else the reference. Non-Op ops (the fused
 AdamW update) are plain functions registered the same way. ``TG_KERNELS=0`` in the
 environment, or ``set_enabled(False)``, runs the references only; :func:`registered`
 lists every kernel, and the test suite checks each one against its reference.
@@ -29,7 +29,7 @@ class Kernel:
     op: str  # the reference op it replaces
     device: str  # 'cpu' or 'cuda'
     name: str  # unique, e.g. 'cpu.chunked.softmax'
-    impl: object  # a Function subclass (or a function, for non-Function ops)
+    impl: object  # an Op subclass (or a function, for non-Op ops)
     when: Callable | None  # predicate on the op's arguments (arrays and keywords)
 
 

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from ..autograd import Function, unbroadcast
-from ..backend import device_of, rng
+from ..autograd import Op, unbroadcast
+from ..backend import device_of
 from ..ops.nn import (
     GELU_C,
     SQRT_2_OVER_PI,
@@ -22,6 +22,7 @@ from ..ops.nn import (
     causal_mask,
     check_attention,
     check_classes,
+    dropout_mask,
     loss_coef,
     mask_grad,
     reduce_losses,
@@ -79,7 +80,7 @@ def softmax_rows_backward(g2, y2, out2, scale=None):
     name="cpu.chunked.softmax",
     when=lambda x, dim=-1: _float(x) and x.ndim > 0 and dim in (-1, x.ndim - 1),
 )
-class ChunkedSoftmax(Function):
+class ChunkedSoftmax(Op):
     def forward(self, x, dim=-1):
         y = np.empty(x.shape, x.dtype)
         softmax_rows(_rows(_contig(x)), _rows(y))
@@ -99,7 +100,7 @@ class ChunkedSoftmax(Function):
     name="cpu.chunked.cross_entropy",
     when=lambda x, target, **kw: _float(x) and x.ndim == 2,
 )
-class ChunkedCrossEntropy(Function):
+class ChunkedCrossEntropy(Op):
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
         n, c = x.shape
         valid = target != ignore_index
@@ -150,7 +151,7 @@ class ChunkedCrossEntropy(Function):
     name="cpu.chunked.layer_norm",
     when=lambda x, w, b, nd=1, eps=1e-5: _float(x, w, b) and x.ndim >= nd,
 )
-class ChunkedLayerNorm(Function):
+class ChunkedLayerNorm(Op):
     def forward(self, x, w, b, nd=1, eps=1e-5):
         C = math.prod(x.shape[x.ndim - nd :])
         x2 = _contig(x).reshape(-1, C)
@@ -223,7 +224,7 @@ class ChunkedLayerNorm(Function):
     name="cpu.chunked.gelu_tanh",
     when=lambda x, approximate="tanh": _float(x) and approximate == "tanh",
 )
-class ChunkedGeluTanh(Function):
+class ChunkedGeluTanh(Op):
     """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in place, chunk by chunk; saves only x
     and recomputes tanh in backward (one pass more, one activation less kept)."""
 
@@ -318,7 +319,7 @@ class SortedEmbedding(Embedding):
     name="cpu.inplace.attention",
     when=lambda q, k, v, mask, **kw: _float(q, k, v),
 )
-class InplaceAttention(Function):
+class InplaceAttention(Op):
     """The reference's math with the (L, S) scores reused in place for probabilities and
     their gradient, and the row softmax run in chunks."""
 
@@ -350,8 +351,7 @@ class InplaceAttention(Function):
             s /= den
         drop = None
         if dropout_p > 0.0:
-            keep = rng(device_of(q)).random(s.shape, dtype=s.dtype) >= dropout_p
-            drop = keep.astype(s.dtype) * s.dtype.type(1 / (1 - dropout_p))
+            drop = dropout_mask(s.shape, dropout_p, s.dtype, device_of(q))
         self.save(q, k, v, s, drop)
         return (s * drop if drop is not None else s) @ v
 

@@ -3,7 +3,7 @@ LayerNorm and GELU, one pass for AdamW, and flash-style attention (``cpu_numba_a
 
 numba is a default dependency; where it is missing (no wheel for the platform, or
 uninstalled) importing this module raises ImportError, nothing is registered and the
-pure-NumPy kernels run. Each kernel is a ``Function`` with its own
+pure-NumPy kernels run. Each kernel is an ``Op`` with its own
 forward, backward and saved state, registered for 'cpu' with a predicate that accepts only
 what it handles (NumPy arrays, C-contiguous, float32 where it uses :func:`exp32`, the last
 axis); everything else runs the reference. ``tests/test_kernels_cpu.py`` checks each one
@@ -30,16 +30,14 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..autograd import Function
-from ..ops.nn import check_classes, loss_coef, reduce_losses
+from ..autograd import Op
+from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
 from . import register
 from .numba_math import exp32
 
 F32 = np.float32
 FM = {"reassoc", "contract", "nsz"}  # reorderable sums, FMA; no nnan/ninf: inf/NaN propagate
 EXP_FM = {"contract"}  # exp32's range reduction must not be reassociated
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_GELU_C = 0.044715
 
 
 def numpy_array(a):
@@ -190,7 +188,7 @@ def _softmax_when(x, dim=-1):
 
 
 @register("softmax", "cpu", name="cpu.numba.softmax", when=_softmax_when)
-class NumbaSoftmax(Function):
+class NumbaSoftmax(Op):
     """softmax over the last axis of float32 x: max, e^(x-max) and 1/sum in one row pass."""
 
     def forward(self, x, dim=-1):
@@ -207,7 +205,7 @@ class NumbaSoftmax(Function):
 
 
 @register("log_softmax", "cpu", name="cpu.numba.log_softmax", when=_softmax_when)
-class NumbaLogSoftmax(Function):
+class NumbaLogSoftmax(Op):
     """log_softmax over the last axis of float32 x; backward g - e^y·sum(g) per row."""
 
     def forward(self, x, dim=-1):
@@ -275,7 +273,7 @@ def _ce_bwd(x, t, mx, ls, coef, gx):
         and numpy_array(target).ndim == 1
     ),
 )
-class NumbaCrossEntropy(Function):
+class NumbaCrossEntropy(Op):
     """Cross-entropy of (N, C) float32 logits, one pass per row each way.
 
     Saves the logits (an input), the row max and log-sum-exp (float32, two per row) and the
@@ -366,7 +364,7 @@ def _ln_when(x, w, b, nd=1, eps=1e-5):
 
 
 @register("layer_norm", "cpu", name="cpu.numba.layer_norm", when=_ln_when)
-class NumbaLayerNorm(Function):
+class NumbaLayerNorm(Op):
     """LayerNorm over the trailing nd dims (float32 or float64), one pass per row each way.
 
     Saves x (an input), 1/std per row and w: backward recomputes the row mean from x
@@ -403,9 +401,9 @@ class NumbaLayerNorm(Function):
 
 # ----------------------------------------------------------------------------- GELU
 
-_K = F32(_SQRT_2_OVER_PI)
-_K3 = F32(3 * _GELU_C)
-_GC = F32(_GELU_C)
+_K = F32(SQRT_2_OVER_PI)
+_K3 = F32(3 * GELU_C)
+_GC = F32(GELU_C)
 _BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
 
 
@@ -489,7 +487,7 @@ def _gelu_erf_bwd(x, g, gx):
     name="cpu.numba.gelu",
     when=lambda x, approximate="tanh": _f32(x) and approximate in ("tanh", "none"),
 )
-class NumbaGelu(Function):
+class NumbaGelu(Op):
     """GELU of float32 x ('tanh' as x·σ(2u), or 'none'), one pass each way; saves only x."""
 
     def forward(self, x, approximate="tanh"):

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..autograd import Function
+from ..autograd import Op
 from . import register
 from .cpu_numba import (
     EXP_FM,
@@ -224,7 +224,7 @@ def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
 
 
 @register("attention", "cpu", name="cpu.numba.flash_attention", when=_attn_when)
-class NumbaFlashAttention(Function):
+class NumbaFlashAttention(Op):
     """softmax(q·kᵀ·scale [causal])·v for float32 q (..., L, E), k (..., S, E) and v
     (..., S, Ev) with S > Ev, without a mask or dropout; saves q, k, v, o and the logsumexp
     per query, never the scores."""

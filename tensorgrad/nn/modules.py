@@ -8,6 +8,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import functional as F
+from ..autograd import RemovableHandle
 from ..backend import get_array_module, rng, to_device
 from ..tensor import DEFAULT_DTYPE, Tensor, _to_args
 
@@ -92,7 +93,34 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        for hook in list(self.__dict__.get("_forward_pre_hooks", ())):
+            new = hook(self, args)
+            if new is not None:
+                args = new if isinstance(new, tuple) else (new,)
+        out = self.forward(*args, **kwargs)
+        for hook in list(self.__dict__.get("_forward_hooks", ())):
+            new = hook(self, args, out)
+            if new is not None:
+                out = new
+        return out
+
+    def register_forward_pre_hook(self, hook) -> RemovableHandle:
+        """Call ``hook(module, args)`` before each forward; a returned value (a tuple, or a
+        single input) replaces the positional inputs. ``.remove()`` on the handle undoes it."""
+        return self._add_hook("_forward_pre_hooks", hook)
+
+    def register_forward_hook(self, hook) -> RemovableHandle:
+        """Call ``hook(module, args, output)`` after each forward; a returned value replaces
+        the output (what interpretability code uses to read or patch an activation)."""
+        return self._add_hook("_forward_hooks", hook)
+
+    def _add_hook(self, kind: str, hook) -> RemovableHandle:
+        hooks = self.__dict__.get(kind)
+        if hooks is None:
+            hooks = []
+            object.__setattr__(self, kind, hooks)
+        hooks.append(hook)
+        return RemovableHandle(hooks, hook)
 
     # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = ""):

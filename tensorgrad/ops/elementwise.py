@@ -6,12 +6,29 @@ dtype (NumPy's weak scalar promotion), so float32 stays float32.
 
 from __future__ import annotations
 
-from ..autograd import Function, unbroadcast
+import math
+
+from ..autograd import Op, unbroadcast, xp_of
+from ..autograd.graph import is_tensor
 from ..backend import errstate, get_array_module
+from .special import erf_array
 
 
 def _shape(a):
     return getattr(a, "shape", ())
+
+
+def _data(a):
+    """The array of a saved value (a Tensor under create_graph), for masks and comparisons."""
+    return a.data if is_tensor(a) else a
+
+
+def _gt(a, b):
+    return a > b
+
+
+def _lt(a, b):
+    return a < b
 
 
 def _check_broadcast(op: str, x, y):
@@ -34,7 +51,7 @@ def _float_of(x, y):
     return x, y
 
 
-class _Binary(Function):
+class _Binary(Op):
     def forward(self, x, y):
         _check_broadcast(self.name.lower(), x, y)
         self.sx, self.sy = _shape(x), _shape(y)
@@ -97,18 +114,18 @@ class Pow(_Binary):
 
     def backward(self, g):
         x, y, out = self.saved
-        xp = get_array_module(g)
+        xp = xp_of(g)
         if isinstance(y, (int, float)):
             gx = g * y * x ** (y - 1) if y != 2 else g * 2 * x
             return self.reduce(gx, None)
         gx = g * y * x ** (y - 1)
-        with errstate(xp, divide="ignore", invalid="ignore"):
+        with errstate(get_array_module(), divide="ignore", invalid="ignore"):
             # a Python-scalar base makes a float64 0-d array here: keep g's dtype
-            gy = g * out * xp.log(xp.where(x > 0, x, 1)).astype(g.dtype, copy=False)
+            gy = g * out * xp.log(xp.where(_data(x) > 0, x, 1)).astype(g.dtype)
         return self.reduce(gx, gy)
 
 
-class Neg(Function):
+class Neg(Op):
     def forward(self, x):
         return -x
 
@@ -116,7 +133,7 @@ class Neg(Function):
         return -g
 
 
-class Exp(Function):
+class Exp(Op):
     def forward(self, x):
         y = get_array_module(x).exp(x)
         self.save(y)
@@ -126,7 +143,7 @@ class Exp(Function):
         return g * self.saved[0]
 
 
-class Log(Function):
+class Log(Op):
     def forward(self, x):
         self.save(x)
         return get_array_module(x).log(x)
@@ -135,7 +152,7 @@ class Log(Function):
         return g / self.saved[0]
 
 
-class Sqrt(Function):
+class Sqrt(Op):
     def forward(self, x):
         y = get_array_module(x).sqrt(x)
         self.save(y)
@@ -145,7 +162,7 @@ class Sqrt(Function):
         return g / (2 * self.saved[0])
 
 
-class Tanh(Function):
+class Tanh(Op):
     def forward(self, x):
         y = get_array_module(x).tanh(x)
         self.save(y)
@@ -156,26 +173,26 @@ class Tanh(Function):
         return g * (1 - y * y)
 
 
-class Abs(Function):
+class Abs(Op):
     def forward(self, x):
         self.save(x)
         return get_array_module(x).abs(x)
 
     def backward(self, g):
-        return g * get_array_module(g).sign(self.saved[0])
+        return g * xp_of(g).sign(self.saved[0])
 
 
-class Relu(Function):
+class Relu(Op):
     def forward(self, x):
         y = get_array_module(x).maximum(x, 0)
         self.save(y)
         return y
 
     def backward(self, g):
-        return g * (self.saved[0] > 0)
+        return g * (_data(self.saved[0]) > 0).astype(g.dtype)
 
 
-class Sigmoid(Function):
+class Sigmoid(Op):
     def forward(self, x):
         xp = get_array_module(x)
         # overflow-free, and accurate for large negative x (where 0.5·(tanh(x/2) + 1) cancels to 0)
@@ -189,7 +206,7 @@ class Sigmoid(Function):
         return g * y * (1 - y)
 
 
-class Where(Function):
+class Where(Op):
     """where(cond, x, y): the gradient goes to x where cond holds, to y elsewhere."""
 
     def forward(self, cond, x, y):
@@ -199,15 +216,15 @@ class Where(Function):
         return xp.where(cond, x, y)
 
     def backward(self, g):
-        xp = get_array_module(g)
-        (cond,) = self.saved
-        zero = xp.zeros((), dtype=g.dtype)
+        xp = xp_of(g)
+        cond = _data(self.saved[0])
+        zero = g.dtype.type(0)
         gx = unbroadcast(xp.where(cond, g, zero), self.sx)
         gy = unbroadcast(xp.where(cond, zero, g), self.sy)
         return None, gx, gy
 
 
-class MaskedFill(Function):
+class MaskedFill(Op):
     """x with ``value`` wherever the (broadcast) boolean mask is True."""
 
     def forward(self, x, mask, value):
@@ -224,12 +241,10 @@ class MaskedFill(Function):
         return xp.where(mask, xp.asarray(value, dtype=x.dtype), x)
 
     def backward(self, g):
-        xp = get_array_module(g)
-        (mask,) = self.saved
-        return xp.where(mask, xp.zeros((), dtype=g.dtype), g), None, None
+        return xp_of(g).where(_data(self.saved[0]), g.dtype.type(0), g), None, None
 
 
-class Cast(Function):
+class Cast(Op):
     def forward(self, x, dtype):
         self.dtype_in = x.dtype
         return x.astype(dtype)
@@ -238,7 +253,7 @@ class Cast(Function):
         return g.astype(self.dtype_in), None
 
 
-class Clamp(Function):
+class Clamp(Op):
     """clip(x, lo, hi) (either bound None, a number or an array that broadcasts); the
     gradient reaches x where lo <= x <= hi, lo where x < lo < hi, and hi where x > hi or
     hi < lo (the output is hi there), as torch.clamp's."""
@@ -256,27 +271,28 @@ class Clamp(Function):
         return y
 
     def backward(self, g):
-        x, lo, hi = self.saved
+        x, lo, hi = (_data(a) for a in self.saved)
         sx, slo, shi = self.shapes
-        keep = True
+        keep = x == x  # False only at NaN
         if lo is not None:
             keep = keep & (x >= lo)
         if hi is not None:
             keep = keep & (x <= hi)
-        gx = unbroadcast(g * keep, sx)
+        gx = unbroadcast(g * keep.astype(g.dtype), sx)
         glo = ghi = None
         if self.needs_input_grad[1]:
             to_lo = (x < lo) & (lo < hi) if hi is not None else x < lo
-            glo = unbroadcast(g * to_lo, slo).astype(self.dtypes[0], copy=False)
+            glo = unbroadcast(g * to_lo.astype(g.dtype), slo).astype(self.dtypes[0])
         if self.needs_input_grad[2]:
             to_hi = (x > hi) | (hi < lo) if lo is not None else x > hi
-            ghi = unbroadcast(g * to_hi, shi).astype(self.dtypes[1], copy=False)
+            ghi = unbroadcast(g * to_hi.astype(g.dtype), shi).astype(self.dtypes[1])
         return gx, glo, ghi
 
 
-def _split_ties(g, x_wins, y_wins, tie):
-    half = tie.astype(g.dtype) * g.dtype.type(0.5)
-    return g * (x_wins.astype(g.dtype) + half), g * (y_wins.astype(g.dtype) + half)
+def _split_ties(g, x, y, x_wins, y_wins):
+    x, y = _data(x), _data(y)
+    half = (x == y).astype(g.dtype) * g.dtype.type(0.5)
+    return g * (x_wins(x, y).astype(g.dtype) + half), g * (y_wins(x, y).astype(g.dtype) + half)
 
 
 class Maximum(_Binary):
@@ -288,7 +304,7 @@ class Maximum(_Binary):
 
     def backward(self, g):
         x, y = self.saved
-        return self.reduce(*_split_ties(g, x > y, y > x, x == y))
+        return self.reduce(*_split_ties(g, x, y, _gt, _lt))
 
 
 class Minimum(_Binary):
@@ -300,4 +316,21 @@ class Minimum(_Binary):
 
     def backward(self, g):
         x, y = self.saved
-        return self.reduce(*_split_ties(g, x < y, y < x, x == y))
+        return self.reduce(*_split_ties(g, x, y, _lt, _gt))
+
+
+class Erf(Op):
+    """erf(x) = 2/√π ∫₀ˣ e^(-t²) dt;  ∂/∂x = 2/√π · e^(-x²)."""
+
+    def forward(self, x):
+        self.save(x)
+        return erf_array(get_array_module(x), x)
+
+    def backward(self, g):
+        (x,) = self.saved
+        return g * (xp_of(x).exp(-(x * x)) * x.dtype.type(2 / math.sqrt(math.pi)))
+
+
+def erf(x):
+    """erf elementwise: of an array, or (recorded) of a Tensor."""
+    return Erf.apply(x) if is_tensor(x) else erf_array(get_array_module(x), x)

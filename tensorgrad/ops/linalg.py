@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from .. import kernels
-from ..autograd import Function, unbroadcast
+from ..autograd import Op, unbroadcast, xp_of
+from ..autograd.graph import is_tensor
 from ..backend import device_of, get_array_module
 
 
 def matmul(x, y):
-    """x @ y on arrays, or a registered 'matmul' kernel (cuBLAS in TF32/BF16 mode on the GPU)."""
+    """x @ y on arrays, or a registered 'matmul' kernel (cuBLAS in TF32/BF16 mode on the GPU);
+    recorded (``MatMul``) on Tensors."""
+    if is_tensor(x) or is_tensor(y):
+        return MatMul.apply(x, y)
     fast = kernels.pick("matmul", device_of(x), x, y)
     return fast(x, y) if fast is not None else x @ y
 
 
 def _mT(a):
-    return a.swapaxes(-1, -2)
+    return xp_of(a).swapaxes(a, -1, -2)
 
 
-class MatMul(Function):
+class MatMul(Op):
     """x @ y with NumPy's batched broadcasting; 1-D operands act as in NumPy."""
 
     def forward(self, x, y):
@@ -46,16 +50,17 @@ class MatMul(Function):
             g = g[..., None]
         if x.ndim == 1:
             g = g[..., None, :]  # after y's axis, so a 0-d g (vector @ vector) works too
+        xp = xp_of(g, x, y)
         gx = matmul(g, _mT(y2))
         gy = matmul(_mT(x2), g)
         if x.ndim == 1:
-            gx = gx.reshape(gx.shape[:-2] + (gx.shape[-1],))
+            gx = xp.reshape(gx, tuple(gx.shape[:-2]) + (gx.shape[-1],))
         if y.ndim == 1:
-            gy = gy.reshape(gy.shape[:-2] + (gy.shape[-2],))
+            gy = xp.reshape(gy, tuple(gy.shape[:-2]) + (gy.shape[-2],))
         return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
 
 
-class Linear(Function):
+class Linear(Op):
     """y = x @ W.T + b as one 2-D GEMM over all leading rows; W is (out, in)."""
 
     def forward(self, x, w, b=None):
@@ -75,11 +80,12 @@ class Linear(Function):
 
     def backward(self, g):
         x, w = self.saved
-        x2 = x.reshape(-1, x.shape[-1])
-        g2 = g.reshape(-1, g.shape[-1])
-        gx = matmul(g2, w).reshape(*self.lead, w.shape[1])
-        gw = matmul(g2.T, x2)
-        gb = g2.sum(axis=0) if self.has_b else None
+        xp = xp_of(g, x, w)
+        x2 = xp.reshape(x, (-1, x.shape[-1]))
+        g2 = xp.reshape(g, (-1, g.shape[-1]))
+        gx = xp.reshape(matmul(g2, w), (*self.lead, w.shape[1]))
+        gw = matmul(_mT(g2), x2)
+        gb = xp.sum(g2, axis=0) if self.has_b else None
         return gx, gw, gb
 
 
@@ -114,7 +120,7 @@ def _einsum_spec(equation: str, ndims) -> tuple:
     return ins, rhs
 
 
-class Einsum(Function):
+class Einsum(Op):
     """xp.einsum; the gradient of each operand is the einsum of g with the others."""
 
     def forward(self, *xs, equation):
@@ -126,7 +132,7 @@ class Einsum(Function):
 
     def backward(self, g):
         xs = self.saved
-        xp = get_array_module(g)
+        xp = xp_of(g, *xs)
         gxs = []
         for i, (x, s) in enumerate(zip(xs, self.ins)):
             if not self.needs_input_grad[i]:
@@ -138,5 +144,6 @@ class Einsum(Function):
             spec = ",".join([self.out] + [o for _, o in others]) + "->" + kept
             gk = xp.einsum(spec, g, *[a for a, _ in others])
             shape = [x.shape[k] if c in seen else 1 for k, c in enumerate(s)]
-            gxs.append(xp.broadcast_to(gk.reshape(shape), x.shape).astype(x.dtype, copy=False))
+            gk = xp.broadcast_to(xp.reshape(gk, shape), x.shape)
+            gxs.append(gk if gk.dtype == x.dtype else gk.astype(x.dtype))
         return tuple(gxs)

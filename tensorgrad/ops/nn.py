@@ -1,4 +1,4 @@
-"""The neural-network ops a GPT is made of, each one reference Function with its backward.
+"""The neural-network ops a GPT is made of, each one reference Op with its backward.
 
 Each op is written once, as the formula a reader knows, in plain array math through
 ``xp`` (NumPy or CuPy), so it runs on every backend and is the oracle for everything
@@ -11,17 +11,41 @@ from __future__ import annotations
 
 import math
 
-from ..autograd import Function, unbroadcast
+from ..autograd import Op, unbroadcast, xp_of
+from ..autograd.graph import is_tensor
 from ..backend import device_of, errstate, get_array_module, rng
+from .elementwise import erf
 from .linalg import matmul
+from .shape import add_at
 
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # GELU's tanh form (the kernels use these too)
 GELU_C = 0.044715
+
+
+def _array(a):
+    """The array of a saved value (a Tensor under create_graph): masks, ids, shifts."""
+    return a.data if is_tensor(a) else a
+
+
+def _mT(a):
+    return xp_of(a).swapaxes(a, -1, -2)
+
 
 # ----------------------------------------------------------------------------- softmax family
 
 
-class Softmax(Function):
+def log_softmax_array(xp, x, dim):
+    """x - logsumexp(x) along dim, shifted by the max so that nothing overflows."""
+    z = x - x.max(axis=dim, keepdims=True)
+    return z - xp.log(xp.exp(z).sum(axis=dim, keepdims=True))
+
+
+def softmax(x, dim):
+    """softmax of an array, or (recorded) of a Tensor."""
+    return Softmax.apply(x, dim=dim) if is_tensor(x) else Softmax().forward(x, dim)
+
+
+class Softmax(Op):
     """y = exp(x - max x) / Σ exp(x - max x) along ``dim``;  ∂L/∂x = y·(g - Σ g·y)."""
 
     op = "softmax"
@@ -36,26 +60,24 @@ class Softmax(Function):
 
     def backward(self, g):
         (y,) = self.saved
-        return y * (g - (g * y).sum(axis=self.dim, keepdims=True))
+        return y * (g - xp_of(g, y).sum(g * y, axis=self.dim, keepdims=True))
 
 
-class LogSoftmax(Function):
+class LogSoftmax(Op):
     """y = x - logsumexp(x) along ``dim``;  ∂L/∂x = g - softmax(x)·Σ g."""
 
     op = "log_softmax"
 
     def forward(self, x, dim=-1):
-        xp = get_array_module(x)
         self.dim = dim
-        z = x - x.max(axis=dim, keepdims=True)
-        y = z - xp.log(xp.exp(z).sum(axis=dim, keepdims=True))
+        y = log_softmax_array(get_array_module(x), x, dim)
         self.save(y)
         return y
 
     def backward(self, g):
         (y,) = self.saved
-        xp = get_array_module(g)
-        return g - xp.exp(y) * g.sum(axis=self.dim, keepdims=True)
+        xp = xp_of(g, y)
+        return g - xp.exp(y) * xp.sum(g, axis=self.dim, keepdims=True)
 
 
 def check_classes(xp, t, n_classes: int) -> None:
@@ -81,15 +103,13 @@ def reduce_losses(xp, losses, valid, reduction: str):
 def loss_coef(g, valid, reduction: str, dtype):
     """∂L/∂(row loss): g per row, 0 where ignored, divided by the count for 'mean'."""
     coef = valid.astype(dtype)
-    if reduction == "mean":
-        with errstate(get_array_module(coef), invalid="ignore", divide="ignore"):
-            coef *= g / valid.sum().astype(dtype)  # every row ignored: NaN, as PyTorch
-    else:
-        coef *= g
-    return coef
+    if reduction != "mean":
+        return coef * g
+    with errstate(get_array_module(valid), invalid="ignore", divide="ignore"):
+        return coef * (g / valid.sum().astype(dtype))  # every row ignored: NaN, as PyTorch
 
 
-class CrossEntropy(Function):
+class CrossEntropy(Op):
     """loss_i = logsumexp(x_i) - x_i[t_i] over (N, C) logits;  ∂loss_i/∂x_i = softmax(x_i) - onehot(t_i).
 
     Rows whose target is ``ignore_index`` contribute nothing.
@@ -102,151 +122,66 @@ class CrossEntropy(Function):
         valid = target != ignore_index
         t = xp.where(valid, target, 0)
         check_classes(xp, t, x.shape[1])
-        z = x - x.max(axis=1, keepdims=True)
-        logp = z - xp.log(xp.exp(z).sum(axis=1, keepdims=True))
+        logp = log_softmax_array(xp, x, 1)
         losses = xp.where(valid, -logp[xp.arange(x.shape[0]), t], xp.zeros((), x.dtype))
         self.reduction = reduction
-        self.save(xp.exp(logp), t, valid)
+        self.save(x, t, valid)
         return reduce_losses(xp, losses, valid, reduction)
 
     def backward(self, g):
-        p, t, valid = self.saved
-        xp = get_array_module(p)
-        coef = loss_coef(g, valid, self.reduction, p.dtype)
-        gx = p * coef[:, None]
-        gx[xp.arange(p.shape[0]), t] -= coef
-        return gx, None
+        x, t, valid = self.saved
+        t, valid = _array(t), _array(valid)
+        coef = loss_coef(g, valid, self.reduction, x.dtype)
+        rows = get_array_module(t).arange(x.shape[0])
+        return softmax(x, 1) * coef[:, None] - add_at(tuple(x.shape), (rows, t), coef), None
 
 
 # ----------------------------------------------------------------------------- normalisation
 
 
-class LayerNorm(Function):
+def normalize(x, axes, eps):
+    """(x̂, 1/√(var + eps)) over ``axes``: x̂ = (x - mean)·rstd, biased variance."""
+    xp = xp_of(x)
+    xc = x - xp.mean(x, axis=axes, keepdims=True)
+    rstd = 1 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + x.dtype.type(eps))
+    return xc * rstd, rstd
+
+
+class LayerNorm(Op):
     """y = x̂·w + b with x̂ = (x - mean) / √(var + eps) over the trailing ``nd`` dims
-    (biased variance);  ∂L/∂x = (ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) / √(var + eps), ĝ = g·w."""
+    (biased variance);  ∂L/∂x = (ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) / √(var + eps), ĝ = g·w.
+    Keeps x and w; backward normalises x again."""
 
     op = "layer_norm"
 
     def forward(self, x, w, b, nd=1, eps=1e-5):
-        xp = get_array_module(x)
-        axes = tuple(range(x.ndim - nd, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True)
-        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-        rstd = 1 / xp.sqrt(var + x.dtype.type(eps))
-        xhat = (x - mean) * rstd
-        self.axes, self.has_w, self.has_b = axes, w is not None, b is not None
-        self.save(xhat, rstd, w)
+        self.axes = tuple(range(x.ndim - nd, x.ndim))
+        self.eps, self.has_w, self.has_b = eps, w is not None, b is not None
+        xhat, _ = normalize(x, self.axes, eps)
+        self.save(x, w)
         y = xhat if w is None else xhat * w
         return y if b is None else y + b
 
     def backward(self, g):
-        xhat, rstd, w = self.saved
+        x, w = self.saved
+        xp = xp_of(g, x, w)
+        xhat, rstd = normalize(x, self.axes, self.eps)
         lead = tuple(range(g.ndim - len(self.axes)))  # the axes w and b are broadcast over
-        gw = (g * xhat).sum(axis=lead) if self.has_w else None
-        gb = g.sum(axis=lead) if self.has_b else None
+        gw = xp.sum(g * xhat, axis=lead) if self.has_w else None
+        gb = xp.sum(g, axis=lead) if self.has_b else None
         gh = g if w is None else g * w
-        mean_gh = gh.mean(axis=self.axes, keepdims=True)
-        mean_ghx = (gh * xhat).mean(axis=self.axes, keepdims=True)
+        mean_gh = xp.mean(gh, axis=self.axes, keepdims=True)
+        mean_ghx = xp.mean(gh * xhat, axis=self.axes, keepdims=True)
         return (gh - mean_gh - xhat * mean_ghx) * rstd, gw, gb
 
 
 # ----------------------------------------------------------------------------- activations
 
-# Abramowitz & Stegun 7.1.26-style rational erfc of W. J. Cody (1969), as in most libms:
-# accurate to float64 rounding on float64 inputs, which the simpler fits are not
-_ERF_A = (
-    3.16112374387056560e00,
-    1.13864154151050156e02,
-    3.77485237685302021e02,
-    3.20937758913846947e03,
-    1.85777706184603153e-1,
-)
-_ERF_B = (
-    2.36012909523441209e01,
-    2.44024637934444173e02,
-    1.28261652607737228e03,
-    2.84423683343917062e03,
-)
-_ERFC_C = (
-    5.64188496988670089e-1,
-    8.88314979438837594e00,
-    6.61191906371416295e01,
-    2.98635138197400131e02,
-    8.81952221241769090e02,
-    1.71204761263407058e03,
-    2.05107837782607147e03,
-    1.23033935479799725e03,
-    2.15311535474403846e-8,
-)
-_ERFC_D = (
-    1.57449261107098347e01,
-    1.17693950891312499e02,
-    5.37181101862009858e02,
-    1.62138957456669019e03,
-    3.29079923573345963e03,
-    4.36261909014324716e03,
-    3.43936767414372164e03,
-    1.23033935480374942e03,
-)
-_ERFC_P = (
-    3.05326634961232344e-1,
-    3.60344899949804439e-1,
-    1.25781726111229246e-1,
-    1.60837851487422766e-2,
-    6.58749161529837803e-4,
-    1.63153871373020978e-2,
-)
-_ERFC_Q = (
-    2.56852019228982242e00,
-    1.87295284992346725e00,
-    5.27905102951428412e-1,
-    6.05183413124413191e-2,
-    2.33520497626869185e-3,
-)
-_SQRT_PI_INV = 1 / math.sqrt(math.pi)
+INV_SQRT_2 = 1 / math.sqrt(2.0)
+INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
-def erf(xp, x):
-    """The error function, elementwise (NumPy has none), after W. J. Cody's rational
-    approximations (Math. Comp. 1969): three ranges of |x|, float64 rounding accuracy.
-    Computed in float64 and returned in x's dtype."""
-    z = xp.abs(x).astype(xp.float64)
-    out = xp.empty_like(z)
-    small = z < 0.5
-    mid = (z >= 0.5) & (z < 4.0)
-    big = z >= 4.0
-    # |x| < 0.5: erf = x·P(x²)/Q(x²)
-    zs = z[small]
-    y = zs * zs
-    num, den = _ERF_A[4] * y, y
-    for i in range(3):
-        num, den = (num + _ERF_A[i]) * y, (den + _ERF_B[i]) * y
-    out[small] = zs * (num + _ERF_A[3]) / (den + _ERF_B[3])
-    # 0.5 <= |x| < 4: erfc = exp(-x²)·P(x)/Q(x)
-    zm = z[mid]
-    num, den = _ERFC_C[8] * zm, zm
-    for i in range(7):
-        num, den = (num + _ERFC_C[i]) * zm, (den + _ERFC_D[i]) * zm
-    erfc = (num + _ERFC_C[7]) / (den + _ERFC_D[7])
-    out[mid] = 1 - _erfc_scale(xp, zm) * erfc
-    # |x| >= 4: erfc = exp(-x²)/x·(1/√π + 1/x²·P(1/x²)/Q(1/x²))
-    zb = z[big]
-    y = 1 / (zb * zb)
-    num, den = _ERFC_P[5] * y, y
-    for i in range(4):
-        num, den = (num + _ERFC_P[i]) * y, (den + _ERFC_Q[i]) * y
-    r = y * (num + _ERFC_P[4]) / (den + _ERFC_Q[4])
-    out[big] = 1 - _erfc_scale(xp, zb) * (_SQRT_PI_INV - r) / zb
-    return xp.where(x < 0, -out, out).astype(x.dtype, copy=False)
-
-
-def _erfc_scale(xp, z):
-    """exp(-z²), with z² split into a 1/16-rounded part and a rest so no bits are lost."""
-    zr = xp.trunc(z * 16) / 16
-    return xp.exp(-zr * zr) * xp.exp(-(z - zr) * (z + zr))
-
-
-class Gelu(Function):
+class Gelu(Op):
     """GELU: x·Φ(x) ('none') or 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) ('tanh').
 
     Saves only x; backward recomputes Φ (or tanh) from it.
@@ -260,11 +195,11 @@ class Gelu(Function):
         self.save(x)
         if approximate == "tanh":
             return 0.5 * x * (1 + xp.tanh(SQRT_2_OVER_PI * (x + GELU_C * x**3)))
-        return x * (0.5 * (1 + erf(xp, x * (1 / math.sqrt(2.0)))))
+        return x * (0.5 * (1 + erf(x * INV_SQRT_2)))
 
     def backward(self, g):
         (x,) = self.saved
-        xp = get_array_module(x)
+        xp = xp_of(x)
         if self.approximate == "tanh":
             # d/dx = 0.5·(1 + t) + 0.5·x·(1 - t²)·√(2/π)·(1 + 3·0.044715·x²)
             t = xp.tanh(SQRT_2_OVER_PI * (x + GELU_C * x**3))
@@ -272,19 +207,24 @@ class Gelu(Function):
                 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * GELU_C * x * x)
             )
         # d/dx x·Φ(x) = Φ(x) + x·φ(x)
-        cdf = 0.5 * (1 + erf(xp, x * (1 / math.sqrt(2.0))))
-        pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+        cdf = 0.5 * (1 + erf(x * INV_SQRT_2))
+        pdf = xp.exp(-0.5 * x * x) * INV_SQRT_2PI
         return g * (cdf + x * pdf)
 
 
-class Dropout(Function):
+def dropout_mask(shape, p: float, dtype, device: str):
+    """The scaled keep-mask dropout multiplies by: 1/(1-p) with probability 1-p, else 0."""
+    keep = rng(device).random(shape, dtype=dtype) >= p
+    return keep.astype(dtype) * dtype.type(1 / (1 - p))
+
+
+class Dropout(Op):
     """Zero each element with probability p and scale the rest by 1/(1-p)."""
 
     op = "dropout"
 
     def forward(self, x, p=0.5):
-        keep = rng(device_of(x)).random(x.shape, dtype=x.dtype) >= p
-        mask = keep.astype(x.dtype) * x.dtype.type(1 / (1 - p))
+        mask = dropout_mask(x.shape, p, x.dtype, device_of(x))
         self.save(mask)
         return x * mask
 
@@ -295,7 +235,7 @@ class Dropout(Function):
 # ----------------------------------------------------------------------------- lookup
 
 
-class Embedding(Function):
+class Embedding(Op):
     """Rows of w picked by integer ids; ∂L/∂w adds up g over repeated ids (kernels subclass
     it for a faster backward)."""
 
@@ -310,11 +250,8 @@ class Embedding(Function):
         return w[idx]
 
     def backward(self, g):
-        (idx,) = self.saved
-        xp = get_array_module(g)
-        gw = xp.zeros(self.wshape, dtype=g.dtype)
-        xp.add.at(gw, idx.reshape(-1), g.reshape(-1, self.wshape[1]))
-        return gw, None
+        idx = _array(self.saved[0]).reshape(-1)
+        return add_at(self.wshape, idx, xp_of(g).reshape(g, (-1, self.wshape[1]))), None
 
 
 # ----------------------------------------------------------------------------- attention
@@ -338,54 +275,61 @@ def check_attention(q, k, v) -> None:
         )
 
 
-class Attention(Function):
-    """o = P·v with P = softmax(q·kᵀ·scale + mask) over keys; a query whose keys are all
-    masked gets zero output. Backward: ∂v = Pᵀg, ∂M = P·(gvᵀ - Σ P·gvᵀ) (an additive
-    mask's gradient, summed to its shape), ∂S = ∂M·scale, ∂q = ∂S·k, ∂k = ∂Sᵀ·q. Keeps
-    the (L, S) probabilities for backward."""
+def attention_probs(q, k, mask, is_causal: bool, scale):
+    """P = softmax(q·kᵀ·scale + mask) over the keys; a query whose keys are all masked gets
+    a row of zeros. On arrays, or (recorded) on Tensors."""
+    xp, raw = xp_of(q, k), get_array_module(_array(q))
+    L, S = q.shape[-2], k.shape[-2]
+    s = matmul(q, _mT(k)) * scale
+    allowed = causal_mask(raw, L, S) if is_causal else None
+    if mask is not None and mask.dtype == bool:
+        allowed = _array(mask) if allowed is None else (allowed & _array(mask))
+    elif mask is not None:
+        s = s + (mask if mask.dtype == s.dtype else mask.astype(s.dtype))  # no float64 promotion
+    if allowed is not None:
+        s = xp.where(allowed, s, s.dtype.type(-raw.inf))
+    m = _array(s).max(axis=-1, keepdims=True)  # a shift softmax does not depend on
+    m = raw.where(raw.isfinite(m), m, m.dtype.type(0))  # a fully masked row: all exp(-inf)
+    e = xp.exp(s - m)
+    den = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(_array(den) == 0, den.dtype.type(1), den)
+
+
+class Attention(Op):
+    """o = P·v with P = attention_probs(q, k, mask) (dropout on P when training). Backward:
+    ∂v = Pᵀg, ∂M = P·(gvᵀ - Σ P·gvᵀ) (an additive mask's gradient, summed to its shape),
+    ∂S = ∂M·scale, ∂q = ∂S·k, ∂k = ∂Sᵀ·q. Keeps q, k, v, the mask (and the dropout mask);
+    backward computes P again."""
 
     op = "attention"
 
     def forward(self, q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
-        xp = get_array_module(q, k, v)
         check_attention(q, k, v)
-        L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+        E = q.shape[-1]
         self.scale = q.dtype.type(1 / math.sqrt(E) if scale is None else scale)
-        self.shapes = (q.shape, k.shape, v.shape)
+        self.shapes, self.is_causal = (q.shape, k.shape, v.shape), is_causal
         self.mask_meta = None if mask is None else (mask.shape, mask.dtype)
-        s = matmul(q, k.swapaxes(-1, -2)) * self.scale
-        allowed = causal_mask(xp, L, S) if is_causal else None
-        if mask is not None and mask.dtype == bool:
-            allowed = mask if allowed is None else (allowed & mask)
-        elif mask is not None:
-            s = s + mask.astype(s.dtype, copy=False)  # a float64 mask must not promote s
-        if allowed is not None:
-            s = xp.where(allowed, s, q.dtype.type(-xp.inf))
-        m = s.max(axis=-1, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, q.dtype.type(0))  # a fully masked row: all exp(-inf)
-        e = xp.exp(s - m)
-        den = e.sum(axis=-1, keepdims=True)
-        p = e / xp.where(den == 0, q.dtype.type(1), den)
+        p = attention_probs(q, k, mask, is_causal, self.scale)
         drop = None
         if dropout_p > 0.0:
-            keep = rng(device_of(q)).random(p.shape, dtype=p.dtype) >= dropout_p
-            drop = keep.astype(p.dtype) * p.dtype.type(1 / (1 - dropout_p))
-        self.save(q, k, v, p, drop)
+            drop = dropout_mask(p.shape, dropout_p, p.dtype, device_of(q))
+        self.save(q, k, v, mask, drop)
         return matmul(p if drop is None else p * drop, v)
 
     def backward(self, g):
-        q, k, v, p, drop = self.saved
+        q, k, v, mask, drop = self.saved
         sq, sk, sv = self.shapes
+        p = attention_probs(q, k, mask, self.is_causal, self.scale)
         pd = p if drop is None else p * drop
-        gv = matmul(pd.swapaxes(-1, -2), g)
-        gp = matmul(g, v.swapaxes(-1, -2))
+        gv = matmul(_mT(pd), g)
+        gp = matmul(g, _mT(v))
         if drop is not None:
             gp = gp * drop
-        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))  # ∂ of the scores + mask
+        gs = p * (gp - xp_of(gp, p).sum(gp * p, axis=-1, keepdims=True))  # ∂ scores + mask
         gmask = mask_grad(self, gs)
         gs = gs * self.scale
         gq = matmul(gs, k)
-        gk = matmul(gs.swapaxes(-1, -2), q)
+        gk = matmul(_mT(gs), q)
         return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), gmask
 
 
@@ -396,4 +340,6 @@ def mask_grad(fn, gs):
         return None
     shape, dtype = fn.mask_meta
     gm = unbroadcast(gs, shape)
-    return (gm.copy() if gm is gs else gm).astype(dtype, copy=False)
+    if gm is gs and not is_tensor(gm):
+        gm = gm.copy()  # a kernel goes on to scale gs in place
+    return gm if gm.dtype == dtype else gm.astype(dtype)

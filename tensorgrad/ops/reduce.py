@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..autograd import Function
+from ..autograd import Op, xp_of
+from ..autograd.graph import is_tensor
 from ..backend import errstate, get_array_module
 from .dims import wrap_dims
 
@@ -15,11 +16,11 @@ def normalize_dims(dim, ndim: int, op: str = "reduce") -> tuple:
 def _expand_back(g, shape, axes, keepdim):
     """Re-insert reduced axes so that ``g`` broadcasts against the input."""
     if not keepdim and axes:
-        g = g.reshape([1 if i in axes else s for i, s in enumerate(shape)])
+        g = xp_of(g).reshape(g, [1 if i in axes else s for i, s in enumerate(shape)])
     return g
 
 
-class Sum(Function):
+class Sum(Op):
     def forward(self, x, dim=None, keepdim=False):
         self.shape = x.shape
         self.axes = normalize_dims(dim, x.ndim, self.name.lower())
@@ -27,12 +28,11 @@ class Sum(Function):
         return x.sum(axis=self.axes, keepdims=keepdim)
 
     def backward(self, g):
-        xp = get_array_module(g)
         g = _expand_back(g, self.shape, self.axes, self.keepdim)
-        return xp.broadcast_to(g, self.shape)
+        return xp_of(g).broadcast_to(g, self.shape)
 
 
-class Mean(Function):
+class Mean(Op):
     def forward(self, x, dim=None, keepdim=False):
         self.shape = x.shape
         self.axes = normalize_dims(dim, x.ndim, self.name.lower())
@@ -43,12 +43,11 @@ class Mean(Function):
         return x.mean(axis=self.axes, keepdims=keepdim)
 
     def backward(self, g):
-        xp = get_array_module(g)
         g = _expand_back(g, self.shape, self.axes, self.keepdim)
-        return xp.broadcast_to(g / g.dtype.type(self.n), self.shape)
+        return xp_of(g).broadcast_to(g / g.dtype.type(self.n), self.shape)
 
 
-class Var(Function):
+class Var(Op):
     """Variance with ``correction`` (1 = unbiased, PyTorch's default)."""
 
     def forward(self, x, dim=None, keepdim=False, correction=1):
@@ -60,17 +59,19 @@ class Var(Function):
             n *= x.shape[a]
         self.denom = max(n - correction, 0)
         xc = x - x.mean(axis=self.axes, keepdims=True)
-        self.save(xc)
+        self.save(x)
         with errstate(xp, divide="ignore", invalid="ignore"):
             return (xc * xc).sum(axis=self.axes, keepdims=keepdim) / x.dtype.type(self.denom)
 
     def backward(self, g):
-        (xc,) = self.saved
-        g = _expand_back(g, xc.shape, self.axes, self.keepdim)
-        return g * xc * (xc.dtype.type(2) / xc.dtype.type(self.denom))
+        (x,) = self.saved
+        xc = x - xp_of(x).mean(x, axis=self.axes, keepdims=True)
+        g = _expand_back(g, x.shape, self.axes, self.keepdim)
+        with errstate(get_array_module(), divide="ignore", invalid="ignore"):
+            return g * xc * (x.dtype.type(2) / x.dtype.type(self.denom))
 
 
-class Max(Function):
+class Max(Op):
     """Max over dims; ties share the gradient equally (as torch.amax)."""
 
     def forward(self, x, dim=None, keepdim=False):
@@ -83,14 +84,14 @@ class Max(Function):
         return y if keepdim else y.reshape([s for i, s in enumerate(y.shape) if i not in self.axes])
 
     def backward(self, g):
-        x, y = self.saved
+        x, y = (a.data if is_tensor(a) else a for a in self.saved)  # the ties carry no gradient
         g = _expand_back(g, x.shape, self.axes, self.keepdim)
         hit = x == y
         count = hit.sum(axis=self.axes, keepdims=True).astype(g.dtype)
         return g * hit / count
 
 
-class Cumsum(Function):
+class Cumsum(Op):
     """Running sum along ``dim``;  the gradient is the reversed running sum of g."""
 
     def forward(self, x, dim):
@@ -98,5 +99,5 @@ class Cumsum(Function):
         return get_array_module(x).cumsum(x, axis=dim, dtype=x.dtype)
 
     def backward(self, g):
-        xp = get_array_module(g)
+        xp = xp_of(g)
         return xp.flip(xp.cumsum(xp.flip(g, self.dim), axis=self.dim), self.dim), None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..autograd import Function, unbroadcast
+from ..autograd import Op, unbroadcast, xp_of
+from ..autograd.graph import is_tensor
 from ..backend import get_array_module
 from .dims import wrap_dim
 
@@ -29,16 +30,16 @@ def resolve_shape(shape, size: int, old_shape) -> tuple:
     return shape
 
 
-class Reshape(Function):
+class Reshape(Op):
     def forward(self, x, shape):
         self.shape = x.shape
         return x.reshape(resolve_shape(shape, x.size, x.shape))
 
     def backward(self, g):
-        return g.reshape(self.shape), None
+        return xp_of(g).reshape(g, self.shape), None
 
 
-class Permute(Function):
+class Permute(Op):
     def forward(self, x, dims):
         if len(dims) != x.ndim:
             raise ValueError(
@@ -54,10 +55,10 @@ class Permute(Function):
         inv = [0] * len(self.dims)
         for i, d in enumerate(self.dims):
             inv[d] = i
-        return g.transpose(inv), None
+        return xp_of(g).transpose(g, inv), None
 
 
-class Expand(Function):
+class Expand(Op):
     def forward(self, x, shape):
         xp = get_array_module(x)
         self.shape = x.shape
@@ -76,7 +77,7 @@ class Expand(Function):
         return unbroadcast(g, self.shape), None
 
 
-class Contiguous(Function):
+class Contiguous(Op):
     def forward(self, x):
         return get_array_module(x).ascontiguousarray(x)
 
@@ -124,6 +125,18 @@ def _check_bounds(x, key):
         dim += 1
 
 
+def _array(a):
+    return a.data if is_tensor(a) else a
+
+
+def _arrays_only(fn: Op, g) -> None:
+    if is_tensor(g):
+        raise RuntimeError(
+            f"{fn.name}: the backward of an in-place write through a view cannot be recorded "
+            "(create_graph=True); compute out of place (y = x * 2, torch.where) instead"
+        )
+
+
 def _own_key(key):
     def own(k):
         return k.copy() if getattr(k, "ndim", 0) else k
@@ -131,7 +144,7 @@ def _own_key(key):
     return tuple(own(k) for k in key) if isinstance(key, tuple) else own(key)
 
 
-class GetItem(Function):
+class GetItem(Op):
     """x[key]; the backward of integer-array indexing accumulates repeated indices."""
 
     def forward(self, x, key):
@@ -142,16 +155,35 @@ class GetItem(Function):
         return x[key]
 
     def backward(self, g):
-        xp = get_array_module(g)
-        gx = xp.zeros(self.shape, dtype=g.dtype)
-        if _has_int_array(self.key):
-            xp.add.at(gx, self.key, g)
-        else:
-            gx[self.key] = g
-        return gx, None
+        return add_at(self.shape, self.key, g), None
 
 
-class Cat(Function):
+def add_at(shape, key, g):
+    """Zeros of ``shape`` with g added at ``key`` (repeated indices add up): the adjoint of
+    ``x[key]``; recorded (``IndexAdd``) when g is a Tensor."""
+    if is_tensor(g):
+        return IndexAdd.apply(g, shape, key)
+    xp = get_array_module(g)
+    gx = xp.zeros(shape, dtype=g.dtype)
+    if _has_int_array(key):
+        xp.add.at(gx, key, g)
+    else:
+        gx[key] = g
+    return gx
+
+
+class IndexAdd(Op):
+    """``add_at`` as an op, for gradients of gradients;  its own gradient is g[key]."""
+
+    def forward(self, g, shape, key):
+        self.key = key
+        return add_at(shape, key, g)
+
+    def backward(self, gg):
+        return GetItem.apply(gg, self.key) if is_tensor(gg) else gg[self.key], None, None
+
+
+class Cat(Op):
     def forward(self, *xs, dim=0):
         xp = get_array_module(*xs)
         nd = xs[0].ndim
@@ -169,16 +201,15 @@ class Cat(Function):
         return xp.concatenate(xs, axis=self.dim)
 
     def backward(self, g):
-        xp = get_array_module(g)
         cuts = []
         acc = 0
         for s in self.sizes[:-1]:
             acc += s
             cuts.append(acc)
-        return tuple(xp.split(g, cuts, axis=self.dim))
+        return tuple(xp_of(g).split(g, cuts, axis=self.dim))
 
 
-class Stack(Function):
+class Stack(Op):
     def forward(self, *xs, dim=0):
         xp = get_array_module(*xs)
         if any(x.shape != xs[0].shape for x in xs):
@@ -187,11 +218,10 @@ class Stack(Function):
         return xp.stack(xs, axis=self.dim)
 
     def backward(self, g):
-        xp = get_array_module(g)
-        return tuple(xp.moveaxis(g, self.dim, 0))
+        return tuple(xp_of(g).moveaxis(g, self.dim, 0))
 
 
-class Split(Function):
+class Split(Op):
     """Cut x along ``dim`` into pieces of the given sizes; outputs are views."""
 
     multi_output = True
@@ -207,8 +237,7 @@ class Split(Function):
         return tuple(xp.split(x, cuts, axis=dim))
 
     def backward(self, *gs):
-        xp = get_array_module(gs[0])
-        return xp.concatenate(gs, axis=self.dim), None, None
+        return xp_of(*gs).concatenate(gs, axis=self.dim), None, None
 
 
 def _along(index, dim: int, xp):
@@ -230,7 +259,7 @@ def _corner(index, dim: int) -> tuple:
     return tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))
 
 
-class Gather(Function):
+class Gather(Op):
     """out[i][j] = x[i][index[i][j]] along ``dim`` (torch.gather: the output has index's
     shape, which may be smaller than x's in the other dims); repeated ids add up in
     backward."""
@@ -242,14 +271,11 @@ class Gather(Function):
         return xp.take_along_axis(x[_corner(index, dim)], index, axis=dim)
 
     def backward(self, g):
-        (index,) = self.saved
-        xp = get_array_module(g)
-        gx = xp.zeros(self.shape, dtype=g.dtype)
-        xp.add.at(gx, _along(index, self.dim, xp), g)
-        return gx, None, None
+        index = _array(self.saved[0])
+        return add_at(self.shape, _along(index, self.dim, get_array_module(index)), g), None, None
 
 
-class ScatterAdd(Function):
+class ScatterAdd(Op):
     """x with src added at ``index`` along ``dim`` (torch.scatter_add);  ∂src = gather(g)."""
 
     def forward(self, x, index, src, dim):
@@ -262,16 +288,13 @@ class ScatterAdd(Function):
         return out
 
     def backward(self, g):
-        (index,) = self.saved
-        xp = get_array_module(g)
-        gsrc = xp.zeros(self.src_shape, dtype=g.dtype)
-        gsrc[tuple(slice(0, s) for s in index.shape)] = xp.take_along_axis(
-            g[_corner(index, self.dim)], index, axis=self.dim
-        )
+        index = _array(self.saved[0])
+        picked = xp_of(g).take_along_axis(g[_corner(index, self.dim)], index, axis=self.dim)
+        gsrc = add_at(self.src_shape, tuple(slice(0, s) for s in index.shape), picked)
         return g, None, gsrc, None
 
 
-class Pad(Function):
+class Pad(Op):
     """Constant padding; ``pad`` lists (before, after) pairs from the last dim backwards, as
     torch.nn.functional.pad. Negative amounts crop."""
 
@@ -289,17 +312,16 @@ class Pad(Function):
         return y[crop]
 
     def backward(self, g):
-        xp = get_array_module(g)
         # undo: pad back what was cropped (with zeros), crop what was padded
         grow = [(max(-a, 0), max(-b, 0)) for a, b in self.widths]
-        g = xp.pad(g, grow)
+        g = xp_of(g).pad(g, grow)
         keep = tuple(
             slice(max(a, 0), g.shape[d] - max(b, 0)) for d, (a, b) in enumerate(self.widths)
         )
         return g[keep], None
 
 
-class Clone(Function):
+class Clone(Op):
     """A copy in new memory (x.clone())."""
 
     def forward(self, x):
@@ -309,7 +331,7 @@ class Clone(Function):
         return g
 
 
-class WriteView(Function):
+class WriteView(Op):
     """In-place write of v into a region of base (``base[key] = v``, ``base.view(..)[i] += 1``):
     the base after the write. ``get(a)`` reads the region from an array shaped like base,
     ``put(a, v)`` writes it. The gradient for base is g outside the region, for v the region
@@ -321,6 +343,7 @@ class WriteView(Function):
         return base
 
     def backward(self, g):
+        _arrays_only(self, g)
         xp = get_array_module(g)
         gv = unbroadcast(xp.asarray(self.get(g)), self.v_shape)
         gb = xp.array(g)  # a copy, and an array even when g is a 0-d NumPy scalar
@@ -328,7 +351,7 @@ class WriteView(Function):
         return gb, gv
 
 
-class ReadView(Function):
+class ReadView(Op):
     """The region ``get(base)`` of base as a view (a view of a tensor rewritten in place)."""
 
     def forward(self, base, get):
@@ -336,6 +359,7 @@ class ReadView(Function):
         return get(base)
 
     def backward(self, g):
+        _arrays_only(self, g)
         xp = get_array_module(g)
         gb = xp.zeros(self.shape, dtype=g.dtype)
         region = self.get(gb)

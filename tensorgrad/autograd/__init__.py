@@ -1,0 +1,47 @@
+"""Autograd: the tape and its walk, and the API users program it with.
+
+    grad(outputs, inputs, ...)       gradients returned as a tuple (``.grad`` untouched)
+    backward(tensors, ...)           gradients accumulated into leaves' ``.grad``
+    Function                         an op with your own backward (``F.apply(...)``)
+    functional                       jacobian, hessian, vjp, jvp, hvp, vhp
+    no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+
+``create_graph=True`` records the backward itself, so gradients can be differentiated again
+(gradient penalties, Hessian-vector products, Newton's method). The library's own ops are
+``Op`` subclasses (``graph.py``): forward on raw arrays, backward written once for arrays
+and Tensors alike.
+"""
+
+from . import functional
+from .engine import RemovableHandle, backward, grad, register_hook
+from .function import Function, FunctionCtx
+from .graph import (
+    Op,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    register_tensor_type,
+    register_tensor_xp,
+    set_grad_enabled,
+    unbroadcast,
+    xp_of,
+)
+
+__all__ = [
+    "Function",
+    "FunctionCtx",
+    "Op",
+    "RemovableHandle",
+    "backward",
+    "enable_grad",
+    "functional",
+    "grad",
+    "is_grad_enabled",
+    "no_grad",
+    "register_hook",
+    "register_tensor_type",
+    "register_tensor_xp",
+    "set_grad_enabled",
+    "unbroadcast",
+    "xp_of",
+]
