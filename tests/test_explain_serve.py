@@ -1,6 +1,11 @@
-"""gpt-explain --serve: the local page's API, and the page itself in headless Chromium."""
+"""gpt-explain --serve: the local page's API, and the page itself in headless Chromium.
+
+The Chromium test also takes a screenshot of the page after two steps; with
+``GPT_EXPLAIN_SCREENSHOT=docs/gpt-explain-serve.png`` in the environment it is copied there
+(that is how the screenshot in docs/ is made)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -9,10 +14,12 @@ import urllib.error
 import urllib.request
 
 import pytest
+from test_explain_story import check_story
 
 import tensorgrad as tg
 from gpt.config import GPTConfig
 from gpt.explain import explain, prompt_tokenizer
+from gpt.explain.render.story import render_story
 from gpt.explain.serve.server import make_server
 from gpt.explain.steps import Session, follow_steps
 from gpt.model import GPT
@@ -55,9 +62,11 @@ def call(url, body=None, headers=None):
 def test_a_served_step_is_the_reports_step(server, tok):
     code, state = call(f"{server}/api/state")
     assert code == 200 and state["report"] is None and state["source"] == "test model"
+    assert state["story"] is None
     code, state = call(f"{server}/api/step", {})
     assert code == 200
     served = state["report"]
+    assert state["story"] == render_story(served)  # the static page's drawing of this report
     assert served.pop("step") == 1
     assert served == explain(tiny(tok), tok, PROMPT, heads=[0])  # every number, exactly
 
@@ -142,15 +151,23 @@ def test_the_page_in_headless_chromium(server, tok, tmp_path):
     assert cells == [att[i][j] for i in range(len(att)) for j in range(i + 1)]
     abl = _values(dom, r'class="abl" data-layer="\d" data-head="\d" data-value="([^"]+)"')
     assert abl == [d for row in r["ablation"]["delta"] for d in row]
-    fd = re.findall(r'<tr class="fd">.*?data-value="([^"]+)".*?data-value="([^"]+)"', dom)
-    assert [(float(g), float(f)) for g, f in fd] == [
-        (e["grad"], e["fd"]) for e in r["finite_differences"]
-    ]
-    assert "DISAGREE" not in dom
+    # the story of step 2: every stage's values and gradient norm, the head's weights' gradients,
+    # the embedding split, AdamW on the followed weights, the evidence, before and after
+    check_story(dom, r)
+    # a screenshot of the page as it is now (the session has run its 2 steps: none is added)
+    shot = tmp_path / "page.png"
+    run = subprocess.run(
+        [*flags, "--window-size=1280,1900", f"--screenshot={shot}", f"{server}/?autostep=2"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", run.stderr[-2000:]
+    if os.environ.get("GPT_EXPLAIN_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["GPT_EXPLAIN_SCREENSHOT"])
 
 
 def test_the_command_prints_its_address_and_serves(tmp_path):
-    import os
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -4,7 +4,7 @@
 out (q·kᵀ/√hs, the causal mask, softmax, ·v), so that any stage can be recorded with its
 gradient (``Recorder``), and so that a head's output can be zeroed (``ablate``) for the
 per-head ablation of ``gpt.explain.lens``. The small array helpers shared by the explain
-modules live here too.
+modules live here too, with ``tensor_slice``, the 2-D piece of a stage's tensor the pages draw.
 """
 
 from __future__ import annotations
@@ -37,6 +37,29 @@ def num(x) -> float | None:
     """A JSON number (None for -inf/nan, e.g. a masked score)."""
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+SLICE_ROWS, SLICE_COLS = 16, 16  # the most positions and features kept of a stage's tensor
+
+
+def tensor_slice(a: np.ndarray, axes, head: int) -> dict:
+    """The 2-D slice of a stage's tensor the pages draw as a heat map: batch 0, head ``head``,
+    the first SLICE_ROWS positions and SLICE_COLS features (or keys), values to 6 digits
+    (None for -inf). ``rows``/``cols`` name the two axes, ``shape`` is the slice's full size."""
+    index, names = [], []
+    for ax in axes:
+        if ax in ("B", "1"):
+            index.append(0)
+        elif ax == "nh":
+            index.append(head)
+        else:
+            names.append(ax)
+            index.append(slice(None))
+    m = np.asarray(a[tuple(index)], dtype=np.float64)
+    full = list(m.shape)
+    m = m[:SLICE_ROWS, : SLICE_ROWS if names[-1] == "T" else SLICE_COLS]
+    cell = [[num(float(f"{v:.6g}")) if math.isfinite(v) else None for v in row] for row in m]
+    return {"rows": names[0], "cols": names[1], "shape": full, "values": cell}
 
 
 class Recorder:

@@ -7,8 +7,10 @@
 - ``head_ablation``: the loss with one head's output zeroed (its slice of W_O's input), for
   every head of every block, as Δloss = loss(ablated) - loss: how much the prediction leans on
   that head.
+- ``after_step``: after the update, the same prompt again: the loss, the picked head's
+  attention and the picked position's next-token probabilities, to set beside the step's own.
 
-Both run without gradient on the model's own modules (``gpt.explain.forward``), dropout off.
+All run without gradient on the model's own modules (``gpt.explain.forward``), dropout off.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tensorgrad as tg
 import tensorgrad.functional as F
 from tensorgrad import get_array_module
 
-from .forward import block_forward, embed, host, unembed
+from .forward import Recorder, block_forward, embed, forward, host, unembed
 
 
 def _loss(logits, targets) -> float:
@@ -93,4 +95,25 @@ def head_ablation(model, idx, targets, loss: float) -> dict:
         "loss": loss,
         "delta": delta,
         "most_important": {"layer": i, "head": h, "delta": delta[i][h]},
+    }
+
+
+def after_step(model, idx, targets, layer: int, head: int, before: dict, decode) -> dict:
+    """The prompt once more after the update: the loss (float32), the attention of ``head`` in
+    block ``layer``, and p(token) at the picked position for the tokens of ``before`` (a report's
+    ``next_token``: its top tokens and the target) before and after the step."""
+    with tg.no_grad():
+        logits, loss, atts, _ = forward(model, idx, targets, Recorder(), layer)
+    t = before["position"]
+    lg = host(logits)[0, t].astype(np.float64)  # (V,)
+    p = np.exp(lg - lg.max())
+    p /= p.sum()
+    was = {e["id"]: e["prob"] for e in before["top"]}
+    was.setdefault(before["target_id"], before["target_prob"])
+    return {
+        "loss": float(host(loss)),
+        "attention": atts[layer][head].astype(float).tolist(),
+        "next_token": [
+            {"id": i, "token": decode(i), "before": q, "after": float(p[i])} for i, q in was.items()
+        ],
     }

@@ -7,25 +7,30 @@
    embeddings, then for the chosen block every stage (ln_1, c_attn, q/k/v, heads, q·kᵀ/√hs,
    causal mask, softmax, ·v, merged heads, W_O, residual, ln_2, MLP, residual), the other
    blocks as one summary line each, then ln_f, the tied logits H·Eᵀ and the softmax; the loss
-   must match ``model(idx, targets)``;
+   must match ``model(idx, targets)``; each stage keeps a few values at the position and a 2-D
+   slice of its tensor (``tensor``: batch 0, the first head shown, at most 16 × 16) to draw;
 3. the attention matrix of every head, the top-k next tokens, the loss and its per-position terms;
 4. inside the prediction (gpt.explain.lens): the logit lens after every block and the Δloss of
    zeroing each head;
 5. the backward pass: every parameter's gradient norm (c_attn's weight as its W_Q, W_K, W_V
-   row blocks), loudly flagging parameters the loss never reached; beside it the evidence
+   row blocks; ``head_gradients``: the shown head's own rows of W_Q, W_K, W_V and columns of
+   W_O), loudly flagging parameters the loss never reached; beside it the evidence
    (gpt.explain.checks): float64 central differences for a few elements, and the tied
    embedding's gradient split into its logits and lookup parts;
 6. one AdamW step (``model.configure_optimizers``, or the optimizer passed in, whose moments
    then carry over from earlier steps): per parameter ‖Δw‖ and ‖Δw‖/‖w‖, for one element of
    W_Q every number of the update, the followed weights (value, gradient, moments, update),
-   and the first-order prediction Σ g·Δw of the loss change next to the re-measured loss.
+   and the first-order prediction Σ g·Δw of the loss change next to the re-measured loss;
+7. ``after``: the prompt through the updated weights (gpt.explain.lens.after_step): the loss,
+   the shown head's attention and the next-token probabilities at the position.
 
 Dropout is switched off (eval mode) during the step, so every printed number is reproducible
 and attention rows sum to exactly 1. The model's weights are updated in place, as training
 would. The prompt is cut to ``max_tokens`` tokens and to the model's block size (with a
 note), and the every-block attention maps are kept within ``MAX_MAP_CELLS``, so the report of
 a long prompt stays small. ``render_text`` and ``render_html`` (gpt.explain.render.text,
-gpt.explain.render.html) turn the report into a terminal listing or one self-contained HTML page;
+gpt.explain.render.html) turn the report into a terminal listing or one self-contained HTML page
+(which opens with gpt.explain.render.story's stage diagram, also shown by the served page);
 the command line (``--steps``, ``--serve`` and the rest) is in gpt.explain.cli.
 """
 
@@ -48,8 +53,8 @@ from .checks import (
     loss64,
     loss_change,
 )
-from .forward import Recorder, forward, host, norm, num, rms
-from .lens import head_ablation, logit_lens
+from .forward import Recorder, forward, host, norm, num, rms, tensor_slice
+from .lens import after_step, head_ablation, logit_lens
 
 DEFAULT_PROMPT = "The capital of France is Paris"
 N_VALUES = 4  # how many features of a vector the report shows
@@ -197,6 +202,7 @@ def explain(
             notes,
         )
         report["gradients"], report["no_gradient"] = _gradients(model, C)
+        report["head_gradients"] = head_gradients(model, layer, heads[0])
         report["embedding_split"] = embedding_split(
             model, rec, ids, lambda i: tokenizer.decode([i])
         )
@@ -211,6 +217,10 @@ def explain(
         step = _adamw_step(model, optimizer, layer, heads[0], element, follow, evidence)
         report["adamw"], report["finite_differences"], report["loss_change"] = step
         report["followed"] = report["adamw"].pop("followed")
+        before = dict(report["next_token"], target_prob=report["loss"]["terms"][position]["prob"])
+        report["after"] = after_step(
+            model, idx, targets, layer, heads[0], before, lambda i: tokenizer.decode([i])
+        )
     finally:
         model.train(was_training)
     shown = {"layer": layer, "heads": heads, "position": position}
@@ -246,6 +256,7 @@ def _forward_report(
         t = rec.tensors[st["key"]]
         st["at"], st["values"] = _sample(host(t), st["axes"], position, heads[0])
         st["rms"] = rms(host(t))
+        st["tensor"] = tensor_slice(host(t), st["axes"], heads[0])
         st["grad_norm"] = norm(host(t.grad)) if t.grad is not None else None
     for b in blocks:
         t = b.pop("tensor")
@@ -362,6 +373,30 @@ def _gradients(model, C):
                 }
             )
     return rows, [{"name": r["name"], "status": r["status"]} for r in rows if r["status"] != OK]
+
+
+def head_gradients(model, layer: int, head: int) -> list[dict]:
+    """‖∂L/∂W‖ and ‖W‖ of one head's part of W_Q, W_K, W_V (its hs rows of c_attn's weight)
+    and of W_O (its hs columns of c_proj's weight), in block ``layer``."""
+    attn = model.transformer.h[layer].attn
+    C = model.config.n_embd
+    hs = C // model.config.n_head
+    own = slice(head * hs, (head + 1) * hs)
+    parts = [(lb, attn.c_attn.weight, k * C) for k, lb in enumerate(("W_Q", "W_K", "W_V"))]
+    out = []
+    for label, w, r0 in parts + [("W_O", attn.c_proj.weight, None)]:
+        pick = (slice(None), own) if r0 is None else (slice(r0 + own.start, r0 + own.stop),)
+        g = None if w.grad is None else host(w.grad)[pick]
+        out.append(
+            {
+                "label": label,
+                "head": head,
+                "shape": list(host(w)[pick].shape),
+                "weight_norm": norm(host(w)[pick]),
+                "grad_norm": None if g is None else norm(g),
+            }
+        )
+    return out
 
 
 def default_follow(model, layer: int, head: int) -> list[tuple[str, str, int, int]]:

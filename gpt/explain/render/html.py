@@ -1,122 +1,21 @@
 """gpt-explain's HTML page: ``render_html(report)`` for a report of ``gpt.explain``.
 
-One self-contained page (inline CSS and SVG, nothing fetched, no script): the tokens, an SVG
-flow chart of the forward stages with the residual skips, a table of every stage, each head's
+One self-contained page (inline CSS and SVG, nothing fetched, no script): the tokens, then the
+step as a story (gpt.explain.render.story: the stage diagram forward and backward, AdamW, the
+evidence, before and after; the served page shows the same fragment), the blocks, each head's
 attention matrix as an SVG heat map (masked cells hatched), thumbnails of every block and
 head, the next-token bars, the loss terms, gradients and AdamW tables with the parameters the
-loss never reached in red, the one W_Q weight worked by hand, then the evidence (finite
-differences, the embedding split, the predicted and measured loss change), the logit lens and
-the head ablation. Number formatting is shared with the terminal listing in
+loss never reached in red, the one W_Q weight worked by hand, the embedding split per token
+row, the logit lens and the head ablation. Number formatting is shared with the terminal listing in
 ``gpt.explain.render.fmt``.
 """
 
 from __future__ import annotations
 
 from ...diagnostics import OK
-from .fmt import element_lines, fmt_g, fmt_shape, fmt_token, fmt_value
+from .fmt import element_lines, fmt_g, fmt_token
+from .story import render_story
 from .svg import CSS, escape, heatmap
-
-_GROUPS = {
-    "emb": "#fde68a",
-    "norm": "#fecaca",
-    "attn": "#bfdbfe",
-    "mlp": "#bbf7d0",
-    "res": "#e9d5ff",
-    "head": "#fed7aa",
-    "block": "#e5e7eb",
-}
-
-
-def _group(key: str) -> str:
-    k = key.split(".")[-1]
-    if k in ("tok_emb", "pos_emb", "x"):
-        return "emb"
-    if k.startswith("ln"):
-        return "norm"
-    if k.startswith("resid"):
-        return "res"
-    if k in ("fc", "gelu", "mlp_proj"):
-        return "mlp"
-    return "head" if k in ("logits", "probs") else "attn"
-
-
-def _diagram(r) -> str:
-    """The stages top to bottom as an SVG flow chart; the residual adds get skip arrows."""
-    L = r["shown"]["layer"]
-    boxes = []  # (key, title, subtitle, group)
-    for st in r["stages"]:
-        if st["key"] == f"h{L}.ln_1":
-            boxes += [
-                (f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised", "block")
-                for b in r["blocks"]
-                if b["block"] < L
-            ]
-        if st["key"] == "ln_f":
-            boxes += [
-                (f"b{b['block']}", f"block {b['block']}", "attention + MLP, summarised", "block")
-                for b in r["blocks"]
-                if b["block"] > L
-            ]
-        boxes.append(
-            (
-                st["key"],
-                st["name"],
-                "("
-                + ", ".join(
-                    f"{a}={n}" if a not in "1" else "1" for a, n in zip(st["axes"], st["shape"])
-                )
-                + ")",
-                _group(st["key"]),
-            )
-        )
-    boxes.append(("loss", "loss", f"cross-entropy = {r['loss']['value']:.4f}", "head"))
-    bw, bh, gap, x0 = 300, 36, 14, 70
-    height = len(boxes) * (bh + gap) + 10
-    y_of = {key: 8 + k * (bh + gap) for k, (key, *_) in enumerate(boxes)}
-    out = [
-        (
-            f'<svg class="diagram" width="{x0 + bw + 330}" height="{height}" role="img" '
-            'aria-label="stages of the forward pass">'
-        ),
-        (
-            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-            'markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z" fill="#52606d"/></marker>'
-            "</defs>"
-        ),
-    ]
-    formulas = {st["key"]: st["formula"] for st in r["stages"]}
-    for k, (key, title, sub, grp) in enumerate(boxes):
-        y = y_of[key]
-        if k:
-            out.append(
-                f'<line x1="{x0 + bw / 2}" y1="{y - gap}" x2="{x0 + bw / 2}" y2="{y}" '
-                'stroke="#52606d" marker-end="url(#arrow)"/>'
-            )
-        out.append(
-            f'<rect x="{x0}" y="{y}" width="{bw}" height="{bh}" rx="6" '
-            f'fill="{_GROUPS[grp]}" stroke="#7b8794"><title>{escape(formulas.get(key, sub))}'
-            f"</title></rect>"
-        )
-        out.append(
-            f'<text x="{x0 + 10}" y="{y + 15}" font-size="12" font-weight="bold">'
-            f'{escape(title)}</text><text x="{x0 + 10}" y="{y + 29}" font-size="11" '
-            f'fill="#334e68">{escape(sub)}</text>'
-        )
-        if key in formulas:
-            out.append(
-                f'<text x="{x0 + bw + 12}" y="{y + 22}" font-size="11" fill="#52606d">'
-                f"{escape(formulas[key])}</text>"
-            )
-    # skip connections: block input -> residual 1, residual 1 -> residual 2
-    before_ln1 = boxes[[b[0] for b in boxes].index(f"h{L}.ln_1") - 1][0]
-    for src, dst in ((before_ln1, f"h{L}.resid_1"), (f"h{L}.resid_1", f"h{L}.resid_2")):
-        y1, y2 = y_of[src] + bh / 2, y_of[dst] + bh / 2
-        out.append(
-            f'<path d="M{x0},{y1} C{x0 - 60},{y1} {x0 - 60},{y2} {x0},{y2}" fill="none" '
-            'stroke="#7c3aed" stroke-width="1.5" marker-end="url(#arrow)"/>'
-        )
-    out.append("</svg>")
-    return "".join(out)
 
 
 def render_html(r: dict) -> str:
@@ -170,37 +69,19 @@ def _tokens_html(r) -> list[str]:
 
 
 def _forward_html(r) -> list[str]:
-    """2. the forward pass: the diagram, every stage, the blocks."""
-    shown = r["shown"]
-    p = []
-    p.append(
-        f"<h2>2. The forward pass, block {shown['layer']} in full</h2>"
-        f'<div class="layout"><div>{_diagram(r)}</div></div>'
-    )
-    p.append(
-        f'<table><tr><th class="l">stage</th><th class="l">formula</th><th>shape</th>'
-        f'<th class="l">values at t={shown["position"]}, head {shown["heads"][0]}</th>'
-        "<th>‖∂L/∂·‖</th></tr>"
-    )
-    for st in r["stages"]:
-        vals = " ".join(fmt_value(v) for v in st["values"])
-        p.append(
-            f'<tr><td class="l">{escape(st["name"])}</td><td class="l">{escape(st["formula"])}</td>'
-            f'<td class="mono">{escape(fmt_shape(st["shape"], st["axes"]))}</td><td class="l mono">'
-            f"{escape(st['at'])} {escape(vals)}</td><td>{fmt_g(st['grad_norm'])}</td></tr>"
-        )
-    p.append(
-        "</table><table><tr><th>block</th><th>rms in</th><th>+ attention</th>"
-        "<th>+ MLP</th><th>rms out</th><th>‖∂L/∂out‖</th></tr>"
-    )
-    p += [
-        f"<tr><td>{b['block']}{' (full)' if b['full'] else ''}</td><td>{b['rms_in']:.4f}</td>"
-        f"<td>{b['rms_attn']:.4f}</td><td>{b['rms_mlp']:.4f}</td><td>{b['rms_out']:.4f}</td>"
-        f"<td>{fmt_g(b['grad_norm_out'])}</td></tr>"
-        for b in r["blocks"]
+    """2. the step as a story (the stage diagram, shared with the served page), the blocks."""
+    return [
+        render_story(r),
+        "<h2>Every block: the residual stream's size</h2><table><tr><th>block</th>"
+        "<th>rms in</th><th>+ attention</th><th>+ MLP</th><th>rms out</th><th>‖∂L/∂out‖</th></tr>",
+        *(
+            f"<tr><td>{b['block']}{' (full)' if b['full'] else ''}</td><td>{b['rms_in']:.4f}</td>"
+            f"<td>{b['rms_attn']:.4f}</td><td>{b['rms_mlp']:.4f}</td><td>{b['rms_out']:.4f}</td>"
+            f"<td>{fmt_g(b['grad_norm_out'])}</td></tr>"
+            for b in r["blocks"]
+        ),
+        "</table>",
     ]
-    p.append("</table>")
-    return p
 
 
 def _attention_html(r) -> list[str]:
@@ -290,21 +171,8 @@ def _backward_html(r) -> list[str]:
 
 
 def _evidence_html(r) -> list[str]:
+    """The tied embedding's gradient per token row (the step's evidence is in the story)."""
     p = []
-    fd = r.get("finite_differences") or []
-    if fd:
-        p.append(
-            "<h2>Evidence: tape gradients against float64 finite differences</h2><table>"
-            '<tr><th class="l">element</th><th>∂L/∂w (tape, float32)</th>'
-            "<th>(L(w+h) - L(w-h))/2h (float64)</th><th>rel. error</th><th></th></tr>"
-        )
-        p += [
-            f'<tr class="{"" if e["agree"] else "bad"}"><td class="l mono">{escape(e["label"])}'
-            f"{e['index']}</td><td>{escape(_f6(e['grad']))}</td><td>{escape(_f6(e['fd']))}</td>"
-            f"<td>{fmt_g(e['rel_err'])}</td><td>{'agree' if e['agree'] else 'DISAGREE'}</td></tr>"
-            for e in fd
-        ]
-        p.append("</table>")
     es = r.get("embedding_split") or {}
     if es.get("tied"):
         p.append(
@@ -321,20 +189,7 @@ def _evidence_html(r) -> list[str]:
             for w in es["rows"]
         ]
         p.append("</table>")
-    c = r.get("loss_change")
-    if c:
-        p.append(
-            "<h2>Did the update do what the gradient promised?</h2>"
-            f"<p>Predicted to first order, ΔL ≈ Σ g·Δw = <b>{c['predicted']:+.6e}</b>; "
-            f"measured in float64, L after − L before = {c['loss_after']:.8f} − "
-            f"{c['loss_before']:.8f} = <b>{c['measured']:+.6e}</b> (ratio "
-            f"{fmt_g(c['ratio'])}; the rest is second order in lr).</p>"
-        )
     return p
-
-
-def _f6(x) -> str:
-    return "-" if x is None else f"{x:+.6e}"
 
 
 def _lens_html(r) -> list[str]:

@@ -147,3 +147,85 @@ def line_chart(xs, series, title: str, width: int = 340, height: int = 150) -> s
         )
     out.append("</svg>")
     return "".join(out)
+
+
+def signed_color(x: float, big: float) -> str:
+    """Blue for negative, white for 0, red for positive; full colour at |x| = big."""
+    a = min(1.0, abs(x) / big) if big > 0 else 0.0
+    far = (33, 102, 172) if x < 0 else (178, 24, 43)
+    return "#" + "".join(f"{round(255 + a * (c - 255)):02x}" for c in far)
+
+
+TIP_CELLS = 160  # a map of more cells has no per-cell tooltip: the page stays small
+
+
+def matrix_map(
+    values, rows: str, cols: str, row_ticks=(), title: str = "", prob=False, uid: str = "m"
+) -> str:
+    """A 2-D slice as an SVG heat map with both axes titled and a colour scale under it.
+
+    values: rows of numbers (None: masked, drawn hatched grey); rows/cols: the axes' titles;
+    row_ticks: a label per row (tokens), the columns are numbered; prob: a 0..1 scale (white to
+    blue) instead of the signed one (blue < 0 < red, symmetric about 0); uid: unique in the page
+    (the colour scale's gradient id)."""
+    n, m = len(values), len(values[0]) if values else 0
+    cell = max(8, min(26, 380 // max(n, m, 1)))
+    left, top = 104, 34
+    w, h = max(left + m * cell + 8, left + 250), top + n * cell + 52
+    finite = [v for row in values for v in row if v is not None]
+    big = max((abs(v) for v in finite), default=0.0)
+    lo, hi = (0.0, 1.0) if prob else (-big, big)
+    tips, shades = n * m <= TIP_CELLS, {}
+    out = [
+        f'<svg class="tensormap" width="{w}" height="{h}" role="img" aria-label="{escape(title)}">',
+        f'<text x="{left}" y="12" font-size="11" font-weight="bold">{escape(cols)} →</text>',
+        f'<text x="{left}" y="{top - 4}" font-size="9">0</text>',
+        f'<text x="{left + m * cell}" y="{top - 4}" font-size="9" text-anchor="end">{m - 1}</text>',
+        f'<text transform="translate(10,{top}) rotate(90)" font-size="11" font-weight="bold">'
+        f"{escape(rows)} →</text>",
+    ]
+    for i, row in enumerate(values):
+        y = top + i * cell
+        tick = fmt_token(row_ticks[i], 12) if i < len(row_ticks) else str(i)
+        out.append(
+            f'<text x="{left - 4}" y="{y + cell / 2 + 4}" font-size="10" text-anchor="end">'
+            f"{i} {escape(tick.strip())}</text>"
+        )
+        for j, v in enumerate(row):
+            x = left + j * cell
+            if v is None:
+                fill, tip = "#d9dde2", f"[{i}, {j}]: masked (-inf)"
+            elif tips:
+                fill = heat_color(v) if prob else signed_color(v, big)
+                tip = f"[{i}, {j}] = {v:.4g}"
+            else:  # 21 shades, one path each: a large map stays a few bytes a cell
+                fill = (
+                    heat_color(round(v * 20) / 20)
+                    if prob
+                    else signed_color(round(v / big * 10) / 10 if big else 0, 1)
+                )
+            if tips:
+                out.append(
+                    f'<rect class="tc" x="{x}" y="{y}" width="{cell}" height="{cell}" '
+                    f'fill="{fill}"><title>{tip}</title></rect>'
+                )
+            else:
+                shades.setdefault(fill, []).append(f"M{x},{y}h{cell}v{cell}h-{cell}z")
+    out += [f'<path class="tc" fill="{c}" d="{"".join(d)}"/>' for c, d in shades.items()]
+    y = top + n * cell + 10
+    stops = [heat_color(0), heat_color(1)] if prob else ["#2166ac", "#ffffff", "#b2182b"]
+    grad = "".join(
+        f'<stop offset="{k / (len(stops) - 1)}" stop-color="{c}"/>' for k, c in enumerate(stops)
+    )
+    uid = f"scale-{uid}"
+    out += [
+        f'<defs><linearGradient id="{uid}">{grad}</linearGradient></defs>',
+        f'<rect x="{left}" y="{y}" width="160" height="9" fill="url(#{uid})" stroke="#9aa5b1"/>',
+        f'<text x="{left}" y="{y + 21}" font-size="10">{lo:.3g}</text>',
+        f'<text x="{left + 80}" y="{y + 21}" font-size="10" text-anchor="middle">'
+        f"{'' if prob else '0'}</text>",
+        f'<text x="{left + 160}" y="{y + 21}" font-size="10" text-anchor="end">{hi:.3g}</text>',
+        f'<text x="{left + 170}" y="{y + 9}" font-size="10">colour scale</text>',
+        "</svg>",
+    ]
+    return "".join(out)

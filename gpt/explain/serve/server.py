@@ -4,14 +4,17 @@
 unless one is asked for) around one ``gpt.explain.steps.Session``:
 
 - ``GET /``: the page (inline CSS and script, nothing fetched from elsewhere);
-- ``GET /api/state``: ``{"report": the last step's report or null, "trace": the history}``;
+- ``GET /api/state``: ``{"report": the last step's report or null, "trace": the history,
+  "story": the report's stage diagram as an HTML fragment (gpt.explain.render.story, the same
+  drawing as ``gpt-explain --format html``; every report string escaped, no script) or null}``;
 - ``POST /api/step`` with JSON ``{"prompt", "layer", "head", "position"}`` (all optional): one
   training step with those settings; answers like /api/state. A bad setting answers 400 with
   ``{"error": "..."}``.
 - ``POST /api/reset`` with JSON ``{"prompt"}`` (optional): the model's weights as they were at
   the start, no history, and that prompt; answers like /api/state.
 
-The page draws what the report holds: the loss and its history, the attention heat map of the
+The page leads with the story of the last step (the stage diagram forward and backward, AdamW,
+the evidence, before and after), then draws what the report holds across steps: the loss and its history, the attention heat map of the
 picked block and head, the followed weights, the finite-difference checks, the predicted and
 measured loss change, the embedding split, the logit lens and next token at the picked
 position, and the Δloss of ablating each head. Loading the page never steps: the session
@@ -27,6 +30,7 @@ import sys
 import threading
 from importlib.resources import files
 
+from ..render.story import render_story
 from ..steps import STEPS_LIMIT, Session
 from .calm import MAX_CONNECTIONS, REQUEST_TIMEOUT, CalmHandler, CalmServer, step_args
 from .restart import Restart
@@ -38,7 +42,13 @@ PAGE = files(__package__).joinpath("page.html").read_text("utf-8")
 class _Handler(CalmHandler):
     def _state(self) -> dict:
         s = self.server.session
-        return {"report": s.report, "trace": s.trace(), "source": self.server.source}
+        story = None if s.report is None else render_story(s.report)  # escaped, no script
+        return {
+            "report": s.report,
+            "trace": s.trace(),
+            "source": self.server.source,
+            "story": story,
+        }
 
     def get(self, path: str):
         if path == "/":

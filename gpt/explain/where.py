@@ -1,0 +1,61 @@
+"""Where each stage of gpt-explain's step is computed: the file, the line range and the code there.
+
+``WHERE`` maps a stage (the last part of a report stage's key, e.g. ``att`` for ``h0.att``, or a
+backward/optimizer step such as ``adamw``) to the places that compute it, each
+``(file relative to the repository root, first line, last line, a piece of code in those lines)``.
+The renderers show them beside each stage (``where(key)``); tests/test_explain_story.py checks
+that every range still holds its code, so a moved line fails a test instead of pointing a reader
+at the wrong place.
+"""
+
+from __future__ import annotations
+
+MODEL = "gpt/model.py"
+NN = "tensorgrad/ops/nn.py"
+
+WHERE: dict[str, list[tuple[str, int, int, str]]] = {
+    # the forward pass, in the model and in the reference ops
+    "tok_emb": [(MODEL, 242, 242, "self.transformer.wte(idx)"), (NN, 298, 319, "class Embedding")],
+    "pos_emb": [(MODEL, 242, 242, "self.transformer.wpe(pos)")],
+    "x": [(MODEL, 242, 242, "self.transformer.wte(idx) + self.transformer.wpe(pos)")],
+    "ln_1": [(MODEL, 103, 103, "self.ln_1(x)"), (NN, 124, 150, "class LayerNorm")],
+    "qkv": [
+        (MODEL, 57, 57, "self.c_attn(x)"),
+        ("tensorgrad/ops/linalg.py", 58, 83, "class Linear"),
+    ],
+    "q": [(MODEL, 57, 57, "q, k, v = self.c_attn(x).split(self.n_embd, dim=2)")],
+    "k": [(MODEL, 57, 57, "q, k, v = self.c_attn(x).split(self.n_embd, dim=2)")],
+    "v": [(MODEL, 57, 57, "q, k, v = self.c_attn(x).split(self.n_embd, dim=2)")],
+    "q_heads": [(MODEL, 58, 58, "q = q.view(B, T, nh, hs).transpose(1, 2)")],
+    "k_heads": [(MODEL, 59, 59, "k = k.view(B, T, nh, hs).transpose(1, 2)")],
+    "v_heads": [(MODEL, 60, 60, "v = v.view(B, T, nh, hs).transpose(1, 2)")],
+    "scores": [(MODEL, 70, 70, "(q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))")],
+    "masked": [(MODEL, 71, 72, 'att.masked_fill(~tg.Tensor(allowed), float("-inf"))')],
+    "att": [(MODEL, 73, 73, "F.softmax(att, dim=-1)"), (NN, 24, 39, "class Softmax")],
+    "att_out": [(MODEL, 75, 75, "y = att @ v")],
+    "merged": [(MODEL, 76, 76, "y.transpose(1, 2).contiguous().view(B, T, C)")],
+    "attn_proj": [(MODEL, 77, 77, "self.c_proj(y)")],
+    "resid_1": [(MODEL, 103, 103, "x = x + self.attn(self.ln_1(x)")],
+    "ln_2": [(MODEL, 104, 104, "self.ln_2(x)"), (NN, 124, 150, "class LayerNorm")],
+    "fc": [(MODEL, 89, 89, "self.c_fc(x)")],
+    "gelu": [(MODEL, 89, 89, "self.gelu("), (NN, 249, 277, "class Gelu")],
+    "mlp_proj": [(MODEL, 89, 89, "self.c_proj(self.gelu(self.c_fc(x)))")],
+    "resid_2": [(MODEL, 104, 104, "return x + self.mlp(self.ln_2(x))")],
+    "ln_f": [(MODEL, 248, 248, "self.transformer.ln_f(x)")],
+    "logits": [(MODEL, 251, 251, "F.linear(x, self.unembedding)")],
+    "probs": [(NN, 24, 39, "class Softmax")],
+    "loss": [(MODEL, 257, 257, "F.cross_entropy("), (NN, 92, 118, "class CrossEntropy")],
+    # the backward pass and the update
+    "backward": [("tensorgrad/autograd.py", 295, 382, "def backward")],
+    "wqkv_grad": [("tensorgrad/ops/linalg.py", 76, 83, "gw = matmul(g2.T, x2)")],
+    "embedding_grad": [(NN, 312, 317, "xp.add.at(gw, idx.reshape(-1)")],
+    "adamw": [("tensorgrad/optim.py", 190, 206, "def adamw_update")],
+    "finite_differences": [("gpt/explain/checks.py", 59, 117, "def finite_differences")],
+    "loss_change": [("gpt/explain/checks.py", 119, 142, "def loss_change")],
+}
+
+
+def where(key: str) -> list[tuple[str, int, int, str]]:
+    """The places that compute stage ``key`` (a report stage key such as 'h0.att', or a name
+    of WHERE); [] when none is recorded."""
+    return WHERE.get(key.split(".")[-1], [])
