@@ -282,8 +282,28 @@ def _calibrate() -> int:
 _SOLE_REFS = _calibrate()
 
 
+_callbacks: list = []  # run once, at the end of the next backward (queue_callback)
+
+
+def queue_callback(fn) -> None:
+    """Call ``fn()`` once, when the next backward walk has stored every gradient (how
+    DistributedDataParallel reduces the gradients after ``loss.backward()``)."""
+    _callbacks.append(fn)
+
+
 def backward(root, grad=None, retain_graph: bool = False) -> None:
-    """Reverse-mode sweep from ``root`` (a Tensor), accumulating into leaf ``.grad``."""
+    """Reverse-mode sweep from ``root`` (a Tensor), accumulating into leaf ``.grad``, then
+    the callbacks queued with ``queue_callback``."""
+    try:
+        _walk(root, grad, retain_graph)
+    except BaseException:
+        _callbacks.clear()  # a failed walk: its gradients are incomplete, nothing to finish
+        raise
+    while _callbacks:
+        _callbacks.pop(0)()
+
+
+def _walk(root, grad, retain_graph: bool) -> None:
     Tensor = _tensor_type
     if not root.requires_grad:
         raise RuntimeError(
