@@ -13,7 +13,8 @@ from importlib import metadata as _metadata
 
 import numpy as _np
 
-from . import autograd, cuda, distributed, functional, kernels, nn, optim, viz
+from . import amp, autograd, backends, cuda, distributed, functional, kernels, nn, optim, utils, viz
+from .amp import autocast, bfloat16
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import (
     device_of,
@@ -25,6 +26,8 @@ from .backend import (
     tune_cpu_malloc,
 )
 from .backend import rng as generator
+from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
+from .eager import compile  # noqa: A004  (torch.compile: returns the model)
 from .factory import (
     Generator,
     arange,
@@ -156,5 +159,11 @@ __all__ = [
     "__version__",
     "distributed",
     "viz",
+    "amp",
+    "autocast",
+    "bfloat16",
+    "backends",
+    "compile",
+    "utils",
 ]
 __all__.extend(_functions_all)

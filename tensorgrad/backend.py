@@ -237,21 +237,25 @@ class _Generators:
     """One seeded generator per device; manual_seed resets both."""
 
     def __init__(self, seed: int = 0):
-        self.seed = seed
+        self.seed = self.cuda_seed = seed
         self.cpu = np.random.Generator(np.random.PCG64(seed))
         self._cuda = None
 
     def manual_seed(self, seed: int):
-        self.seed = int(seed)
+        self.seed = self.cuda_seed = int(seed)
         self.cpu = np.random.Generator(np.random.PCG64(self.seed))
         self._cuda = None
+
+    def manual_seed_cuda(self, seed: int):
+        """Seed the GPU's generator only (it starts from this seed when next asked for)."""
+        self.cuda_seed, self._cuda = int(seed), None
 
     def get(self, device: str = "cpu"):
         if parse_device(device) == "cpu":
             return self.cpu
         if self._cuda is None:
             xp = xp_for("cuda")  # CuPy (or a registered stand-in with the same API)
-            self._cuda = xp.random.Generator(xp.random.XORWOW(self.seed))
+            self._cuda = xp.random.Generator(xp.random.XORWOW(self.cuda_seed))
         return self._cuda
 
     def reset_device(self):

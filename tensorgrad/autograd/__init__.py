@@ -13,7 +13,7 @@ and Tensors alike.
 """
 
 from . import functional
-from .engine import RemovableHandle, backward, grad, register_hook
+from .engine import RemovableHandle, backward, grad, queue_callback, register_hook
 from .function import Function, FunctionCtx
 from .graph import (
     Op,
@@ -38,6 +38,7 @@ __all__ = [
     "grad",
     "is_grad_enabled",
     "no_grad",
+    "queue_callback",
     "register_hook",
     "register_tensor_type",
     "register_tensor_xp",

@@ -27,16 +27,32 @@ from .graph import (
 # ----------------------------------------------------------------------------- public entry points
 
 
+_callbacks: list = []  # run once, at the end of the next backward (queue_callback)
+
+
+def queue_callback(fn) -> None:
+    """Call ``fn()`` once, when the next backward walk has stored every gradient (how
+    DistributedDataParallel reduces the gradients after ``loss.backward()``)."""
+    _callbacks.append(fn)
+
+
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph: bool = False) -> None:
-    """Accumulate d(tensors)/d(leaf) into every leaf's ``.grad`` (``torch.autograd.backward``).
+    """Accumulate d(tensors)/d(leaf) into every leaf's ``.grad`` (``torch.autograd.backward``),
+    then run the callbacks queued with ``queue_callback``.
 
     ``grad_tensors`` weighs each output (required for non-scalars); ``create_graph`` records
     the backward so the gradients can be differentiated again (``retain_graph`` defaults to
     it)."""
-    roots = _roots(tensors, grad_tensors, create_graph, "backward")
     retain = create_graph if retain_graph is None else retain_graph
-    with set_grad_enabled(create_graph):
-        run_walk(roots, retain, create_graph, _Sink())
+    try:
+        roots = _roots(tensors, grad_tensors, create_graph, "backward")
+        with set_grad_enabled(create_graph):
+            run_walk(roots, retain, create_graph, _Sink())
+    except BaseException:
+        _callbacks.clear()  # a failed walk: its gradients are incomplete, nothing to finish
+        raise
+    while _callbacks:
+        _callbacks.pop(0)()
 
 
 def grad(

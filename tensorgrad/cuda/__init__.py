@@ -3,6 +3,11 @@
 kernels.py   fused CUDA kernels (CUDA C sources and their CuPy launch wrappers)
 flash.py     flash attention: tiled online softmax, forward and backward
 ops.py       those kernels registered for the 'cuda' device, and matmul precision
+amp.py       GradScaler and autocast bound to 'cuda' (``torch.cuda.amp``)
+
+Without a GPU: ``is_available()`` and ``is_bf16_supported()`` are False, ``device_count()``
+is 0, ``manual_seed``/``manual_seed_all`` store the seed for a GPU generator made later,
+``synchronize()`` has nothing to wait for, and ``set_device``/``current_device`` raise.
 """
 
 from .. import backend
@@ -22,4 +27,62 @@ def unavailable_reason() -> str | None:
     return CUDA_HINT.format(why=backend.cuda_error() or "CuPy is unavailable")
 
 
-__all__ = ["is_available", "unavailable_reason", "set_matmul_precision", "get_matmul_precision"]
+def _require(what: str):
+    if not cuda_available():
+        raise RuntimeError(f"cuda.{what}: {unavailable_reason()}")
+    return backend.require_cupy()
+
+
+def device_count() -> int:
+    return backend.require_cupy().cuda.runtime.getDeviceCount() if cuda_available() else 0
+
+
+def current_device() -> int:
+    return _require("current_device").cuda.Device().id
+
+
+def set_device(device) -> None:
+    """Make GPU ``device`` (an int, 'cuda:N' or 'cuda') CuPy's current device."""
+    cp = _require("set_device")
+    index = device if isinstance(device, int) else str(device).partition(":")[2] or "0"
+    if not str(index).isdigit() or int(index) >= device_count():
+        raise ValueError(f"cuda.set_device: no GPU {device!r} ({device_count()} GPU(s) here)")
+    cp.cuda.Device(int(index)).use()
+
+
+def synchronize(device=None) -> None:
+    """Wait for the current GPU's queued work; nothing to wait for without a GPU."""
+    if cuda_available():
+        backend.require_cupy().cuda.Device().synchronize()
+
+
+def is_bf16_supported() -> bool:
+    """Whether the GPU has bfloat16 tensor cores (compute capability 8.0 or later)."""
+    if not cuda_available():
+        return False
+    return int(backend.require_cupy().cuda.Device().compute_capability) >= 80
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the GPU's generator (the CPU's is ``tensorgrad.manual_seed``, which seeds both)."""
+    backend.generators.manual_seed_cuda(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """The same as ``manual_seed``: tensorgrad has one GPU generator."""
+    backend.generators.manual_seed_cuda(seed)
+
+
+__all__ = [
+    "current_device",
+    "device_count",
+    "get_matmul_precision",
+    "is_available",
+    "is_bf16_supported",
+    "manual_seed",
+    "manual_seed_all",
+    "set_device",
+    "set_matmul_precision",
+    "synchronize",
+    "unavailable_reason",
+]

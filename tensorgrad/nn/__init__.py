@@ -4,9 +4,10 @@ modules.py     Module, Parameter and the layers a GPT is made of
 functional.py  the same functions as ``tensorgrad.functional`` (``torch.nn.functional``)
 init.py        in-place initialisers (``nn.init.normal_``, ...)
 utils.py       ``clip_grad_norm_``
+parallel.py    ``DistributedDataParallel``
 """
 
-from . import functional, init, utils
+from . import functional, init, parallel, utils
 from .modules import (
     GELU,
     CrossEntropyLoss,
@@ -50,4 +51,5 @@ __all__ = [
     "functional",
     "init",
     "utils",
+    "parallel",
 ]

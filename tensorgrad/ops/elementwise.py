@@ -108,7 +108,8 @@ class Pow(_Binary):
     """x ** y; the gradient for y uses log(x) and is only formed when y needs it."""
 
     def compute(self, x, y):
-        out = x**y
+        # x ** 3 by products: the tanh GELU's cube, where NumPy's float32 pow is ~1000x slower
+        out = x * x * x if isinstance(y, (int, float)) and y == 3 else x**y
         self.save(x, y, out)
         return out
 

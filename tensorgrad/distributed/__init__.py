@@ -8,6 +8,11 @@
     ddp.backward(loss)                            # backward, then every gradient averaged
     dist.all_reduce(x, op="mean")                 # a Tensor or an array, in place
 
+PyTorch's names work too (``init_process_group``, ``get_rank``, ``all_reduce(t,
+op=ReduceOp.SUM)``, ``destroy_process_group``; DDP is ``tensorgrad.nn.parallel``), and
+``python -m tensorgrad.distributed.run --nproc_per_node N script.py`` starts a script written for
+``torchrun`` under mpiexec with RANK, LOCAL_RANK and WORLD_SIZE set (see run.py).
+
 The process group is MPI (mpi4py, the ``[mpi]`` extra), imported only when the environment
 shows an MPI launch of more than one rank, so ``import tensorgrad`` and one-process runs never
 touch it. Arrays on a GPU (CuPy) reduce with NCCL (``cupy.cuda.nccl``) on device buffers, the
@@ -33,8 +38,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .backend import get_array_module, require_cupy, require_nccl, to_numpy
-from .tensor import Tensor
+from ..backend import get_array_module, require_cupy, require_nccl, to_numpy
+from ..tensor import Tensor
 
 DEFAULT_TIMEOUT_S = 600.0
 INSTALL_HINT = 'pip install -e ".[mpi]" (mpi4py and an MPI runtime)'
@@ -283,10 +288,13 @@ def _is_gpu(a) -> bool:
     return get_array_module(a) is not np
 
 
-def all_reduce(x, op: str = "mean"):
+def all_reduce(x, op: str = "sum", group=None, async_op: bool = False):
     """Reduce ``x`` over all ranks, elementwise; every rank gets the result. ``x``: a Tensor
     (its .data is replaced by the result) or a NumPy / CuPy array (reduced in place, so it
-    must be contiguous). op: mean (floating point only), sum, max or min. Returns ``x``."""
+    must be contiguous). op: sum (the default, as in PyTorch), mean (floating point only),
+    max or min, or a ``ReduceOp``. Returns ``x``. ``group`` must be None (the world);
+    ``async_op`` must be False."""
+    _check_world(group, async_op, "all_reduce")
     if op not in _OPS:
         raise ValueError(f"all_reduce: op must be one of {', '.join(_OPS)}, got {op!r}")
     is_tensor = hasattr(x, "data") and hasattr(x, "grad")
@@ -318,8 +326,11 @@ def _all_reduce_inplace(a, op: str) -> None:
             g.comm.Allreduce(_mpi().IN_PLACE, a, op=_mpi_op(op))
 
 
-def broadcast(x, root: int = 0):
-    """Copy rank ``root``'s ``x`` (a Tensor or a contiguous array) to every rank, in place."""
+def broadcast(x, root: int = 0, group=None, async_op: bool = False, *, src: int | None = None):
+    """Copy rank ``root``'s ``x`` (a Tensor or a contiguous array) to every rank, in place
+    (``src`` is PyTorch's name for ``root``)."""
+    _check_world(group, async_op, "broadcast")
+    root = root if src is None else src
     g = _g()
     if g.size == 1:
         return x
@@ -339,8 +350,9 @@ def broadcast(x, root: int = 0):
     return x
 
 
-def barrier() -> None:
+def barrier(group=None, async_op: bool = False, device_ids=None) -> None:
     """Wait until every rank gets here."""
+    _check_world(group, async_op, "barrier")
     g = _g()
     if g.size > 1:
         with _watched("barrier"):
@@ -440,6 +452,66 @@ def _nccl(g: _Group) -> _Nccl:
     return g.nccl
 
 
+# ----------------------------------------------------------------------------- PyTorch's names
+class ReduceOp:
+    """torch.distributed.ReduceOp: the reductions all_reduce takes (as its op strings)."""
+
+    SUM, AVG, MAX, MIN = "sum", "mean", "max", "min"
+
+
+BACKENDS = ("nccl", "gloo", "mpi")
+
+
+def _check_world(group, async_op: bool, what: str) -> None:
+    if group is not None:
+        raise ValueError(f"{what}: only the world group (group=None) exists in tensorgrad")
+    if async_op:
+        raise ValueError(f"{what}: async_op=True is not supported (collectives are blocking)")
+
+
+def is_available() -> bool:
+    return True
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method=None,
+    timeout=None,
+    world_size: int = -1,
+    rank: int = -1,
+    **kwargs,
+) -> None:
+    """PyTorch's name for ``init``: join this launch's process group. ``backend`` ('nccl',
+    'gloo' or 'mpi') is checked and otherwise changes nothing: the group is MPI, and GPU
+    arrays reduce with NCCL whatever was asked. ``timeout`` (seconds or a timedelta) bounds
+    every collective. Start the processes with ``python -m tensorgrad.distributed.run``."""
+    name = str(backend).split(":")[0].lower() if backend is not None else "mpi"
+    if name not in BACKENDS:
+        raise ValueError(f"init_process_group: backend must be one of {BACKENDS}, got {backend!r}")
+    want = int(os.environ.get("WORLD_SIZE", world_size if world_size > 0 else 0) or 0)
+    if want > 1 and launch_world_size() != want:
+        raise DistributedError(
+            f"WORLD_SIZE={want} but this process is not one of an MPI launch of {want} ranks: "
+            f"start it with python -m tensorgrad.distributed.run --nproc_per_node {want} "
+            "script.py (torchrun's TCP rendezvous is not supported)"
+        )
+    init(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout)
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave the process group (a later ``init_process_group`` joins it again)."""
+    global _group
+    _group = None
+
+
+def get_rank(group=None) -> int:
+    return rank()
+
+
+def get_world_size(group=None) -> int:
+    return world_size()
+
+
 # ----------------------------------------------------------------------------- data parallel
 class DataParallel:
     """Average the gradients of ``params`` over the ranks after each backward.
@@ -529,7 +601,14 @@ class DataParallel:
 
 
 __all__ = [
+    "BACKENDS",
     "DataParallel",
+    "ReduceOp",
+    "destroy_process_group",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
     "DistributedError",
     "abort",
     "all_gather_json",

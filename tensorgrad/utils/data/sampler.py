@@ -1,0 +1,136 @@
+"""Samplers: which dataset indices a DataLoader visits, and in which order and groups
+(``SequentialSampler``, ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``,
+``BatchSampler``), as in torch.utils.data. Random ones draw from ``generator`` (default: the
+global generator, so ``tensorgrad.manual_seed`` repeats them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ...factory import multinomial, randint, randperm, tensor
+
+_CHUNK = 1024  # indices drawn at a time with replacement (num_samples may be 1e10)
+
+
+class Sampler:
+    """Base class: subclasses define ``__iter__`` (indices) and usually ``__len__``."""
+
+    def __init__(self, data_source=None):
+        pass
+
+    def __iter__(self) -> Iterator:
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+class SequentialSampler(Sampler):
+    """0, 1, ..., len(data_source) - 1."""
+
+    def __init__(self, data_source):
+        self.data_source = data_source
+
+    def __iter__(self):
+        return iter(range(len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+class RandomSampler(Sampler):
+    """Random indices into ``data_source``: without replacement, whole permutations (one per
+    epoch of ``len(data_source)``, the last cut to ``num_samples``); with replacement,
+    ``num_samples`` independent uniform draws, made lazily in chunks (so a huge ``num_samples``
+    costs nothing up front)."""
+
+    def __init__(self, data_source, replacement: bool = False, num_samples=None, generator=None):
+        if not isinstance(replacement, bool):
+            raise TypeError(f"RandomSampler: replacement must be a bool, got {replacement!r}")
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
+            raise ValueError(
+                f"RandomSampler: num_samples must be a positive integer, got {num_samples!r}"
+            )
+        self.data_source, self.replacement = data_source, replacement
+        self._num_samples, self.generator = num_samples, generator
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.data_source) if self._num_samples is None else self._num_samples
+
+    def __iter__(self):
+        n, left = len(self.data_source), self.num_samples
+        if self.replacement:
+            while left > 0:
+                k = min(left, _CHUNK)
+                yield from randint(n, (k,), generator=self.generator).tolist()
+                left -= k
+            return
+        while left > 0:
+            perm = randperm(n, generator=self.generator).tolist()
+            yield from perm[:left]
+            left -= n
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SubsetRandomSampler(Sampler):
+    """The given ``indices`` in a random order (a new one each epoch)."""
+
+    def __init__(self, indices: Sequence[int], generator=None):
+        self.indices, self.generator = indices, generator
+
+    def __iter__(self):
+        for i in randperm(len(self.indices), generator=self.generator).tolist():
+            yield self.indices[i]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """``num_samples`` indices in [0, len(weights)), index i with probability proportional
+    to ``weights[i]`` (with or without replacement)."""
+
+    def __init__(self, weights, num_samples: int, replacement: bool = True, generator=None):
+        if not isinstance(num_samples, int) or num_samples <= 0:
+            raise ValueError(
+                f"WeightedRandomSampler: num_samples must be a positive integer, got {num_samples!r}"
+            )
+        self.weights = tensor(np.asarray(weights, dtype=np.float64))
+        if self.weights.ndim != 1:
+            raise ValueError("WeightedRandomSampler: weights must be a 1-d sequence")
+        self.num_samples, self.replacement, self.generator = num_samples, replacement, generator
+
+    def __iter__(self):
+        drawn = multinomial(self.weights, self.num_samples, self.replacement, self.generator)
+        return iter(drawn.tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class BatchSampler(Sampler):
+    """Groups ``sampler``'s indices into lists of ``batch_size``; the last, shorter list is
+    dropped with ``drop_last``."""
+
+    def __init__(self, sampler, batch_size: int, drop_last: bool):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, got {batch_size!r}")
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last should be a boolean value, got {drop_last!r}")
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __iter__(self):
+        batch = []
+        for i in self.sampler:
+            batch.append(i)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
