@@ -5,8 +5,8 @@
     x = tg.randn(4, 3, requires_grad=True)
     F.softmax(x @ x.T, dim=-1).sum().backward()
 
-Its names are PyTorch's (``import tensorgrad as torch`` ports GPT code; see the README's
-"Porting from PyTorch" for what differs).
+Its names are PyTorch's (``import tensorgrad as torch`` ports GPT code;
+docs/porting-differences.md lists what differs on purpose).
 """
 
 from importlib import metadata as _metadata
@@ -66,6 +66,7 @@ from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiabl
 from .ops.dtypes import result_type
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
+from .types import as_dtype, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
     from .kernels import cpu_numba, cpu_numba_attention  # noqa: F401  (register kernels)
@@ -77,9 +78,9 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.1.0"
 
-float32, float64, float16 = _np.float32, _np.float64, _np.float16
-int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
-uint8, bool_ = _np.uint8, _np.bool_
+float32, float64, float16 = (as_dtype(_t) for _t in (_np.float32, _np.float64, _np.float16))
+int8, int16, int32, int64 = (as_dtype(_t) for _t in (_np.int8, _np.int16, _np.int32, _np.int64))
+uint8, bool_ = as_dtype(_np.uint8), as_dtype(_np.bool_)
 long, half, double = int64, float16, float64
 # torch.float, torch.int, torch.bool (last: inside this module they shadow the builtins)
 float, int, bool = float32, int32, bool_
@@ -91,6 +92,11 @@ def from_numpy(a) -> Tensor:
 
 def is_tensor(x) -> bool:
     return isinstance(x, Tensor)
+
+
+def inference_mode(mode: bool = True):
+    """As ``no_grad`` (``mode=False``: as ``enable_grad``); a context manager and decorator."""
+    return no_grad() if mode else enable_grad()
 
 
 def get_default_dtype():
@@ -128,6 +134,7 @@ __all__ = [
     "tril",
     "triu",
     "no_grad",
+    "inference_mode",
     "enable_grad",
     "set_grad_enabled",
     "is_grad_enabled",
@@ -155,6 +162,10 @@ __all__ = [
     "save",
     "load",
     "result_type",
+    "dtype",
+    "device",
+    "finfo",
+    "iinfo",
     "get_default_dtype",
     "__version__",
     "distributed",

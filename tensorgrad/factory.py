@@ -7,9 +7,8 @@ import numpy as np
 
 from . import backend
 from .backend import device_of, parse_device, rng, xp_for
-from .ops import elementwise as E
 from .ops import shape as shape_ops
-from .ops.dtypes import scalar_dtype
+from .ops.dtypes import result_type, scalar_dtype
 from .tensor import DEFAULT_DTYPE, Tensor, as_array
 
 
@@ -251,38 +250,40 @@ def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
     return _new(xp.arange(start, end, step, dtype=dtype), False)
 
 
-def cat(tensors, dim: int = 0) -> Tensor:
+def _promoted(op: str, tensors) -> list:
+    """Tensors (lists and arrays become tensors) cast to their PyTorch result type."""
     tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
     if not tensors:
-        raise ValueError("cat: expected a non-empty list of tensors")
-    _same_device("cat", tensors)
-    return shape_ops.Cat.apply(*tensors, dim=dim)
+        raise ValueError(f"{op}: expected a non-empty list of tensors")
+    _same_device(op, tensors)
+    dt = result_type(*tensors)
+    return [t.astype(dt) for t in tensors]
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    """Join along ``dim``; mixed dtypes promote as PyTorch (int64 with float32 is float32)."""
+    return shape_ops.Cat.apply(*_promoted("cat", tensors), dim=dim)
 
 
 concat = cat
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
-    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
-    if not tensors:
-        raise ValueError("stack: expected a non-empty list of tensors")
-    _same_device("stack", tensors)
-    return shape_ops.Stack.apply(*tensors, dim=dim)
+    return shape_ops.Stack.apply(*_promoted("stack", tensors), dim=dim)
 
 
-def where(condition, x, y) -> Tensor:
-    """Elements of x where condition holds, else of y (broadcast; scalars allowed)."""
-    c = as_array(condition)
-    if c.dtype != np.bool_:
-        raise TypeError(f"where: condition must be boolean, got {c.dtype}")
-    ref = x if isinstance(x, Tensor) else y
-    dev = ref.device if isinstance(ref, Tensor) else None  # scalars join the tensor's device
+def where(condition, x=None, y=None) -> Tensor:
+    """Elements of x where condition holds, else of y (broadcast; Python numbers allowed), in
+    their PyTorch result type (an int tensor and 0.5 give float32). ``where(condition)`` alone
+    is ``condition.nonzero(as_tuple=True)``."""
+    if x is None and y is None:
+        c = condition if isinstance(condition, Tensor) else Tensor(condition)
+        return c.nonzero(as_tuple=True)
     if not isinstance(x, Tensor):
-        x = Tensor(as_array(x, dtype=getattr(ref, "dtype", None), device=dev))
-    if not isinstance(y, Tensor):
-        y = Tensor(as_array(y, dtype=x.dtype, device=dev))
-    _same_device("where", [x, y])
-    return E.Where.apply(c, x, y)
+        dev = y.device if isinstance(y, Tensor) else None  # numbers join the tensor's device
+        ops = [v if isinstance(v, (Tensor, bool, int, float)) else Tensor(v) for v in (x, y)]
+        x = Tensor(as_array(x, dtype=result_type(*ops), device=dev))
+    return x.where(condition, y)
 
 
 def tril(x: Tensor, diagonal: int = 0) -> Tensor:

@@ -8,7 +8,11 @@ backward), which runs a registered kernel instead where one applies
 
 from __future__ import annotations
 
+import numpy as np
+
+from .autograd import is_grad_enabled
 from .backend import get_array_module
+from .factory import where
 from .ops.dims import wrap_dim
 from .ops.linalg import Linear
 from .ops.nn import (
@@ -46,45 +50,69 @@ __all__ = [
     "mse_loss",
     "l1_loss",
     "one_hot",
+    "nll_loss",
+    "binary_cross_entropy_with_logits",
+    "softplus",
+    "leaky_relu",
+    "elu",
+    "normalize",
 ]
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """exp(x - max) / sum(exp(x - max)) along ``dim``; finite for any finite input.
+def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along ``dim``; finite for any finite input; ``dtype``
+    casts x first.
 
     A row that is entirely -inf has no defined softmax and gives NaN, as in PyTorch.
     """
+    x = x if dtype is None else x.to(dtype)
     return Softmax.apply(x, dim=wrap_dim("softmax", dim, x.ndim))
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
     """x - logsumexp(x) along ``dim`` (max-shifted, so ±1e4 logits stay finite)."""
+    x = x if dtype is None else x.to(dtype)
     return LogSoftmax.apply(x, dim=wrap_dim("log_softmax", dim, x.ndim))
 
 
 def cross_entropy(
     logits: Tensor,
     target,
+    weight=None,
+    size_average=None,
     ignore_index: int = -100,
+    reduce=None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
 ):
-    """Cross-entropy of ``logits`` (N, C) against class ids ``target`` (N,), fused.
+    """Cross-entropy of ``logits`` (N, C) against class ids ``target`` (N,), fused, or against
+    class probabilities (float, shaped like the logits); ``weight`` (C,) weighs each class
+    (composed from log_softmax and nll_loss). ``size_average``/``reduce`` are PyTorch's
+    deprecated arguments, accepted so that positions match; leave them None.
 
     Positions whose target equals ``ignore_index`` contribute nothing; 'mean' divides
     by the number of the others (NaN when every target is ignored, as in PyTorch).
     Logits of shape (N, C, d1, ...) take targets (N, d1, ...), with classes on dim 1.
     ``label_smoothing`` ε mixes in the uniform distribution: (1-ε)·loss + ε·mean_c(-log p_c).
     """
+    t = as_array(target)
+    if t.dtype.kind == "f" and t.shape == logits.shape:  # class probabilities
+        return _soft_cross_entropy(logits, target, weight, reduction, label_smoothing)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold integer class ids, got {t.dtype}")
+    if t.dtype not in (np.int64, np.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {t.dtype}")
+    if weight is not None:
+        if label_smoothing:
+            raise NotImplementedError("cross_entropy: weight= with label_smoothing")
+        return nll_loss(log_softmax(logits, 1 if logits.ndim > 1 else 0), target, weight,
+                        ignore_index, reduction)  # fmt: skip
     if label_smoothing:
         return _smoothed_cross_entropy(logits, target, ignore_index, reduction, label_smoothing)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(
             f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
         )
-    t = as_array(target)
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: target must hold integer class ids, got {t.dtype}")
     x = logits
     if x.ndim == 1:
         x, t = x.unsqueeze(0), t.reshape(1)
@@ -149,12 +177,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(x, weight, bias)
 
 
-def embedding(idx, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` picked by integer ``idx``; repeated ids add up in the gradient."""
+def embedding(idx, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of ``weight`` picked by integer ``idx``; repeated ids add up in the gradient; the
+    row ``padding_idx`` gets none."""
     idx = as_array(idx)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
-    return Embedding.apply(weight, idx)
+    out = Embedding.apply(weight, idx)
+    if padding_idx is None:
+        return out
+    pad = (idx == padding_idx % weight.shape[0])[..., None]
+    return where(pad, out.detach(), out)  # same values, no gradient from the padding rows
 
 
 def scaled_dot_product_attention(
@@ -184,7 +217,7 @@ def _smoothed_cross_entropy(logits, target, ignore_index, reduction, eps):
     """cross_entropy with label smoothing, composed from the fused loss and log_softmax."""
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {eps}")
-    nll = cross_entropy(logits, target, ignore_index, reduction="none")
+    nll = cross_entropy(logits, target, ignore_index=ignore_index, reduction="none")
     cdim = 1 if logits.ndim > 1 else 0
     uniform = -log_softmax(logits, cdim).mean(cdim)  # (N, d1, ...): -mean_c log p_c
     valid = as_array(target) != ignore_index
@@ -243,3 +276,101 @@ def one_hot(idx, num_classes: int = -1) -> Tensor:
     n = int(t.max()) + 1 if num_classes < 0 else num_classes
     xp = get_array_module(t)
     return Tensor((t[..., None] == xp.arange(n)).astype(xp.int64), dtype=xp.int64)
+
+
+# ----------------------------------------------------------------------------- more losses
+
+
+def _classes_last(x: Tensor, t):
+    """(N, C, d1, ...) logits and (N, d1, ...) targets as (M, C) and (M,)."""
+    if x.ndim == 1:
+        return x.unsqueeze(0), t.reshape(1)
+    if x.ndim > 2:
+        return x.movedim(1, -1).reshape(-1, x.shape[1]), t.reshape(-1)
+    return x, t
+
+
+def nll_loss(logp: Tensor, target, weight=None, ignore_index: int = -100, reduction="mean"):
+    """-weight[t]·logp[t] per position, for log-probabilities (N, C) or (N, C, d1, ...) and
+    class ids (N,) or (N, d1, ...); 'mean' divides by the summed weight of the kept positions."""
+    t = as_array(target)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"nll_loss: target must hold integer class ids, got {t.dtype}")
+    if getattr(weight, "requires_grad", False) and is_grad_enabled():
+        raise RuntimeError("nll_loss: the derivative for 'weight' is not implemented (detach it)")
+    x, tf = _classes_last(logp, t)
+    keep = tf != ignore_index
+    xp = get_array_module(tf)
+    safe = xp.where(keep, tf, 0).astype(np.int64)
+    picked = -x.gather(1, safe[:, None]).squeeze(1)  # (M,)
+    w = xp.ones(x.shape[1], dtype=x.dtype.type) if weight is None else as_array(weight)
+    wt = xp.where(keep, w[safe], 0).astype(x.dtype.type)
+    rows = picked * Tensor(wt)
+    if reduction == "none":
+        return rows.reshape(t.shape) if logp.ndim != 1 else rows.reshape(())
+    if reduction == "mean":
+        return rows.sum() / float(wt.sum())
+    return _reduce(rows, reduction, "nll_loss")
+
+
+def _soft_cross_entropy(logits: Tensor, target, weight, reduction: str, eps: float) -> Tensor:
+    """cross_entropy against class probabilities: -sum_c weight_c·target_c·log p_c per row."""
+    t = target if isinstance(target, Tensor) else Tensor(target)
+    if t.shape != logits.shape:
+        raise ValueError(
+            f"cross_entropy: probability targets of shape {tuple(t.shape)} do not match logits "
+            f"of shape {tuple(logits.shape)}"
+        )
+    cdim = 1 if logits.ndim > 1 else 0
+    c = logits.shape[cdim]
+    if eps:
+        t = t * (1.0 - eps) + eps / c
+    logp = log_softmax(logits, cdim)
+    if weight is not None:
+        w = weight if isinstance(weight, Tensor) else Tensor(weight)
+        logp = logp * w.reshape([c] + [1] * (logits.ndim - cdim - 1))
+    rows = -(t * logp).sum(cdim)
+    if reduction == "mean":
+        return rows.sum() / (rows.numel() if logits.ndim > 1 else 1)
+    return _reduce(rows, reduction, "cross_entropy")
+
+
+def binary_cross_entropy_with_logits(
+    x: Tensor, target, weight=None, reduction: str = "mean", pos_weight=None
+) -> Tensor:
+    """-[pos_weight·y·log σ(x) + (1-y)·log(1-σ(x))]·weight, written with
+    log σ(x) = -softplus(-x) so that large |x| stay finite."""
+    y = target if isinstance(target, Tensor) else Tensor(target)
+    log1p_exp = ((-x.abs()).exp() + 1.0).log() + (-x).relu()  # softplus(-x) = -log σ(x)
+    if pos_weight is None:
+        rows = (1.0 - y) * x + log1p_exp
+    else:
+        rows = (1.0 - y) * x + (1.0 + (pos_weight - 1.0) * y) * log1p_exp
+    if weight is not None:
+        rows = rows * weight
+    return _reduce(rows, reduction, "binary_cross_entropy_with_logits")
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(βx))/β, and x itself where βx > threshold (as PyTorch)."""
+    bx = x * beta
+    soft = (((-bx.abs()).exp() + 1.0).log() + bx.relu()) / beta
+    return where(bx > threshold, x, soft)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """x where x > 0, else negative_slope·x."""
+    return where(x > 0, x, x * negative_slope)
+
+
+def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """x where x > 0, else alpha·(exp(x) - 1)."""
+    return where(x > 0, x, (x.clamp(max=0.0).exp() - 1.0) * alpha)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(‖x‖_p, eps) along ``dim``."""
+    return x / x.norm(p, dim, keepdim=True).clamp(min=eps)

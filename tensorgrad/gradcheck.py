@@ -74,7 +74,7 @@ def gradcheck(
                 int(np.nanargmax(np.where(np.isfinite(err), err, np.inf))), x.shape
             )
             raise GradcheckError(
-                f"gradcheck failed for input {i} of shape {x.shape}: at index {tuple(int(v) for v in k)} "
+                f"gradcheck failed for input {i} of shape {tuple(x.shape)}: at index {tuple(int(v) for v in k)} "
                 f"the tape gives {analytic[k]:.8g} but finite differences give {numeric[k]:.8g} "
                 f"(atol={atol}, rtol={rtol})"
             )

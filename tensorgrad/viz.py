@@ -114,7 +114,7 @@ def to_dot(tensor: Tensor, params=None, expand: bool = False, path=None) -> str:
     ]
     root = tensor._node
     if root is None:  # a leaf: the graph is the tensor itself
-        label = names.get(id(tensor), "input") + f"\n{_shape(tensor.shape)} {tensor.dtype}"
+        label = names.get(id(tensor), "input") + f"\n{_shape(tensor.shape)} {tensor.dtype.name}"
         lines.append(f"  t0 [label={_quote(label)}, shape=ellipse];")
         return _finish(lines, path)
 
@@ -140,7 +140,7 @@ def to_dot(tensor: Tensor, params=None, expand: bool = False, path=None) -> str:
             blocks[b][1].add(key)
             continue
         node_id[key] = f"leaf{k}"
-        label = (name or "input") + f"\n{_shape(t.shape)} {t.dtype}"
+        label = (name or "input") + f"\n{_shape(t.shape)} {t.dtype.name}"
         fill = "lightblue" if name else "lightgrey"
         lines.append(
             f"  leaf{k} [label={_quote(label)}, shape=ellipse, style=filled, fillcolor={fill}];"

@@ -205,7 +205,7 @@ def test_cuda_manual_seed_seeds_only_the_gpu_generator():
 
 
 def test_bfloat16_is_an_autocast_dtype_without_storage():
-    assert repr(tg.bfloat16) == "tensorgrad.bfloat16" and tg.float16 is np.float16
+    assert repr(tg.bfloat16) == "tensorgrad.bfloat16" and tg.float16 == np.float16
     with pytest.raises(TypeError, match="bfloat16 has no storage"):
         tg.zeros(3, dtype=tg.bfloat16)
 

@@ -201,7 +201,7 @@ def test_float64_works():
     y = (x * 2.0 + 1.0).exp().sum()
     y.backward()
     assert x.dtype == y.dtype == x.grad.dtype == np.float64
-    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(2 * x.numpy() + 1), rtol=1e-15)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(2 * x.detach().numpy() + 1), rtol=1e-15)
     assert (tg.ones(2, dtype=tg.float64) + tg.ones(2)).dtype == np.float64
 
 
@@ -466,7 +466,7 @@ def test_detach():
     assert not d.requires_grad and d.grad_fn is None and d.is_leaf
     y = (d * w).sum()
     y.backward()
-    np.testing.assert_allclose(w.grad.numpy(), d.numpy(), rtol=1e-6)  # no grad through d
+    np.testing.assert_allclose(w.grad.numpy(), d.detach().numpy(), rtol=1e-6)  # no grad through d
     assert w.detach().data is w.data
 
 
@@ -485,7 +485,11 @@ def test_requires_grad_off_only_on_leaves():
 
 def test_manual_seed_repeats_randn_and_dropout():
     def draw():
-        return tg.randn(3, 4).numpy(), F.dropout(tg.ones(20), 0.5).numpy(), tg.rand(2).numpy()
+        return (
+            tg.randn(3, 4).detach().numpy(),
+            F.dropout(tg.ones(20), 0.5).detach().numpy(),
+            tg.rand(2).detach().numpy(),
+        )
 
     tg.manual_seed(42)
     a = draw()
@@ -502,9 +506,9 @@ def test_rng_state_roundtrip():
     tg.manual_seed(5)
     tg.randn(3)
     state = tg.get_rng_state()
-    a = tg.randn(4).numpy()
+    a = tg.randn(4).detach().numpy()
     tg.set_rng_state(state)
-    np.testing.assert_array_equal(tg.randn(4).numpy(), a)
+    np.testing.assert_array_equal(tg.randn(4).detach().numpy(), a)
 
 
 # ----------------------------------------------------------------------------- gradcheck

@@ -266,7 +266,9 @@ def test_tied_weight_gradient_sums_both_uses():
     logits = F.embedding(tg.tensor(ids), w) @ w.T  # (1, 4, 6): w used twice
     up = g.standard_normal((1, 4, 6)).astype(np.float32)
     logits.backward(tg.tensor(up))
-    h = w.numpy()[ids]  # (1, 4, 4)
+    h = w.detach().numpy()[ids]  # (1, 4, 4)
     want = np.einsum("btv,btc->vc", up, h)  # through the unembedding
-    np.add.at(want, ids.reshape(-1), (up @ w.numpy()).reshape(-1, 4))  # through the embedding
+    np.add.at(
+        want, ids.reshape(-1), (up @ w.detach().numpy()).reshape(-1, 4)
+    )  # through the embedding
     np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-5, atol=1e-5)

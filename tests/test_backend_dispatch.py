@@ -439,7 +439,7 @@ def test_op_runs_through_the_array_module(fake, name, fn, arrays, expect):
         w = on(dev, np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype))
         (out * w).sum().backward()
         assert out.device == dev, f"{name}: output on {out.device}, expected {dev}"
-        outs[dev] = out.numpy()
+        outs[dev] = out.detach().numpy()
         grads[dev] = [t.grad.numpy() if t.grad is not None else None for t in ts]
     np.testing.assert_allclose(outs["cuda"], outs["cpu"], rtol=1e-6, atol=1e-6, err_msg=name)
     for i, (gc, gf) in enumerate(zip(grads["cpu"], grads["cuda"])):
@@ -458,9 +458,9 @@ def test_dropout_uses_the_device_generator(fake):
     tg.manual_seed(3)
     y2 = F.dropout(x, 0.25)
     y1.sum().backward()
-    a = y1.numpy()
+    a = y1.detach().numpy()
     assert fake.calls["random.random"] == 2
-    np.testing.assert_array_equal(a, y2.numpy())  # a seed repeats the device run
+    np.testing.assert_array_equal(a, y2.detach().numpy())  # a seed repeats the device run
     assert set(np.unique(a)) <= {0.0, np.float32(1 / 0.75)}
     assert 0.6 < (a > 0).mean() < 0.9
     np.testing.assert_array_equal(x.grad.numpy(), a)
@@ -503,7 +503,7 @@ def test_module_to_moves_buffers_and_load_returns_device_tensors(fake, tmp_path)
     tg.save(m.state_dict(), tmp_path / "m.safetensors")  # device tensors are written from host
     back = tg.load(tmp_path / "m.safetensors", map_location="cuda")
     assert back["mask"].device == "cuda"
-    np.testing.assert_array_equal(back["mask"].numpy(), np.tril(np.ones((2, 2))))
+    np.testing.assert_array_equal(back["mask"].detach().numpy(), np.tril(np.ones((2, 2))))
 
 
 def test_factories_and_moves(fake):
@@ -523,14 +523,14 @@ def test_factories_and_moves(fake):
     x = tg.randn(2, 3, requires_grad=True)
     y = x.to("cuda")
     assert (y.device, x.device) == ("cuda", "cpu") and y.cuda() is y
-    assert isinstance(y.numpy(), np.ndarray) and not isinstance(y.data, np.ndarray)
-    np.testing.assert_array_equal(y.numpy(), x.numpy())
+    assert isinstance(y.detach().numpy(), np.ndarray) and not isinstance(y.data, np.ndarray)
+    np.testing.assert_array_equal(y.detach().numpy(), x.detach().numpy())
     (y.cpu() * 2).sum().backward()  # differentiable both ways
     np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3), 2.0, np.float32))
     lin = nn.Linear(3, 2).to("cuda")
     assert all(p.device == "cuda" for p in lin.parameters())
     assert lin(tg.ones(4, 3, device="cuda")).device == "cuda"
-    assert "device='cuda'" in repr(y)
+    assert "device='cuda:0'" in repr(y)
 
 
 def test_mixing_devices_names_both(fake):
@@ -592,7 +592,11 @@ def test_tiny_gpt_training_step(fake, doc_sep):
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), dev_model.named_parameters()):
         assert isinstance(q.data, FakeArray), n
         np.testing.assert_allclose(
-            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-5, atol=1e-5, err_msg=n
+            comparable(n, q.detach().numpy()),
+            comparable(n, p.detach().numpy()),
+            rtol=1e-5,
+            atol=1e-5,
+            err_msg=n,
         )
     for c in ("exp", "sqrt", "tanh", "add.at", "where", "split", "zeros_like"):
         assert fake.calls[c], f"{c} was not called through xp: {dict(fake.calls)}"
@@ -611,7 +615,7 @@ def test_checkpoints_cross_devices(fake, tmp_path):
     cpu_model.load_state_dict(load_arrays(tmp_path / "m.safetensors"))
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), dev_model.named_parameters()):
         assert p.device == "cpu"
-        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
     back = GPT(GPTConfig.from_preset("tiny")).to("cuda")
     back.load_state_dict(cpu_model.state_dict())  # host arrays land on the param's device
     assert all(isinstance(p.data, FakeArray) for p in back.parameters())

@@ -63,7 +63,7 @@ def run(fn, arrays, device):
     assert out.device == device
     w = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
     (out * tg.tensor(w, device=device)).sum().backward()
-    return out.numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]
+    return out.detach().numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]
 
 
 def assert_same(name, got, want, rtol=1e-4, atol=1e-5, grad_atol=1e-4):
@@ -83,8 +83,8 @@ def test_device_api():
     y = x.to("cuda")
     assert y.device == "cuda" and isinstance(y.data, cp.ndarray) and y.cuda() is y
     assert x.cuda().device == "cuda" and y.cpu().device == "cpu"
-    assert isinstance(y.numpy(), np.ndarray)
-    np.testing.assert_array_equal(y.numpy(), x.numpy())
+    assert isinstance(y.detach().numpy(), np.ndarray)
+    np.testing.assert_array_equal(y.detach().numpy(), x.detach().numpy())
     (y * 3).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 3, np.float32))
     for t in (
@@ -126,7 +126,7 @@ def test_dropout_on_gpu(fused):
     x = tg.ones(200, 100, device="cuda", requires_grad=True)
     y = F.dropout(x, 0.3)
     y.sum().backward()
-    a = y.numpy()
+    a = y.detach().numpy()
     assert abs((a == 0).mean() - 0.3) < 0.02
     np.testing.assert_allclose(a[a != 0], 1 / 0.7, rtol=1e-6)
     np.testing.assert_array_equal(x.grad.numpy(), a)
@@ -274,20 +274,24 @@ def test_tiny_gpt_training_gpu_vs_cpu(fused):
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
         assert isinstance(q.data, cp.ndarray), n
         np.testing.assert_allclose(
-            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-4, atol=1e-4, err_msg=n
+            comparable(n, q.detach().numpy()),
+            comparable(n, p.detach().numpy()),
+            rtol=1e-4,
+            atol=1e-4,
+            err_msg=n,
         )
 
 
 def test_seeded_gpu_runs_repeat():
     tg.manual_seed(123)
-    a = tg.randn(1000, device="cuda").numpy()
+    a = tg.randn(1000, device="cuda").detach().numpy()
     tg.manual_seed(123)
-    np.testing.assert_array_equal(tg.randn(1000, device="cuda").numpy(), a)
+    np.testing.assert_array_equal(tg.randn(1000, device="cuda").detach().numpy(), a)
     m1, _, l1 = _train("cuda", steps=3, dropout=0.1, seed=7)
     m2, _, l2 = _train("cuda", steps=3, dropout=0.1, seed=7)
     assert l1 == l2
     for (n, p), (_, q) in zip(m1.named_parameters(), m2.named_parameters()):
-        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
 
 
 def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
@@ -301,7 +305,7 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
     cpu_model.load_state_dict(load_arrays(tmp_path / "model.safetensors"))
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
         assert isinstance(p.data, np.ndarray)
-        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
     sd = opt.state_dict()
     cpu_opt = cpu_model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2)
     cpu_opt.load_state_dict(sd)  # moments move to the parameters' device

@@ -80,7 +80,7 @@ def run(fn, arrays, grad=True):
     out = fn(*ts)
     w = np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype)
     (out * tg.tensor(w)).sum().backward()
-    return out.numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]
+    return out.detach().numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]
 
 
 def qkv_strided(B, T, H, E):
@@ -239,7 +239,11 @@ def test_tiny_gpt_steps_with_fused_kernels(monkeypatch):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for (n, p), (_, q) in zip(ref_model.named_parameters(), model.named_parameters()):
         np.testing.assert_allclose(
-            comparable(n, q.numpy()), comparable(n, p.numpy()), rtol=1e-4, atol=1e-4, err_msg=n
+            comparable(n, q.detach().numpy()),
+            comparable(n, p.detach().numpy()),
+            rtol=1e-4,
+            atol=1e-4,
+            err_msg=n,
         )
 
 

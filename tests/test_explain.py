@@ -83,7 +83,10 @@ def test_stage_shapes_have_named_axes(report):
 def test_stage_values_are_the_real_tensors(report, tok):
     model = tiny(tok)  # the same weights as the report's model before its step
     ids, t = report["tokens"]["ids"], report["shown"]["position"]
-    wte, wpe = model.transformer.wte.weight.numpy(), model.transformer.wpe.weight.numpy()
+    wte, wpe = (
+        model.transformer.wte.weight.detach().numpy(),
+        model.transformer.wpe.weight.detach().numpy(),
+    )
     np.testing.assert_allclose(stage(report, "tok_emb")["values"], wte[ids[t], :4], rtol=1e-6)
     np.testing.assert_allclose(
         stage(report, "x")["values"], wte[ids[t], :4] + wpe[t, :4], rtol=1e-5

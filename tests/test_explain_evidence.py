@@ -98,7 +98,7 @@ def test_the_embedding_split_sums_to_the_total(report, tok):
     model = tiny(tok, tie_weights=False)
     tied = tiny(tok)
     model.load_state_dict(
-        {**tied.state_dict(), "lm_head.weight": tied.transformer.wte.weight.numpy().copy()}
+        {**tied.state_dict(), "lm_head.weight": tied.transformer.wte.weight.detach().numpy().copy()}
     )
     idx, targets = batch(tok)
     model.eval()
@@ -164,7 +164,7 @@ def test_logit_lens_reads_the_residual_stream(report, tok):
         x = tr.wte(idx) + tr.wpe(np.arange(idx.shape[1])[None, :])
         x = tr.h[0](x)
         logits = tr.ln_f(x) @ tr.wte.weight.T
-    lg = logits.numpy()[0].astype(np.float64)
+    lg = logits.detach().numpy()[0].astype(np.float64)
     p = np.exp(lg - lg.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     ids = tok.encode(PROMPT)

@@ -27,7 +27,9 @@ def check_twins(fused, composed, *arrays_, atol=1e-10, rtol=1e-8, name="op"):
         out = fn(*ts)
         w = np.random.default_rng(7).standard_normal(out.shape)
         (out * tg.tensor(w, dtype=np.float64)).sum().backward()
-        results.append((out.numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts]))
+        results.append(
+            (out.detach().numpy(), [t.grad.numpy() if t.grad is not None else None for t in ts])
+        )
     (yf, gf), (yc, gc) = results
     shapes_ = [a.shape for a in arrays_]
     assert_close(yf, yc, atol, rtol, what=f"{name} {shapes_}: fused vs composed output")
@@ -220,6 +222,6 @@ def test_attention_twins_float32():
         y = fn(*ts)
         y.sum().backward()
         assert y.dtype == np.float32 and all(t.grad.dtype == np.float32 for t in ts)
-        outs.append([y.numpy()] + [t.grad.numpy() for t in ts])
+        outs.append([y.detach().numpy()] + [t.grad.numpy() for t in ts])
     for a, b in zip(*outs):
         assert_close(a, b, atol=1e-5, rtol=1e-4, what="sdpa float32 fused vs composed")

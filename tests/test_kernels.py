@@ -159,20 +159,24 @@ def check_kernel(name: str, op: str, label: str, arrays, kw, device="cpu"):
     assert impl is not ref, f"{what}: the kernel did not run"
     dt = arrays[0].dtype.type
     rtol, atol = TOL[dt]
-    scale = max(1.0, float(np.abs(want.numpy()).max(initial=0)))
+    scale = max(1.0, float(np.abs(want.detach().numpy()).max(initial=0)))
     assert got.dtype == want.dtype, f"{what}: output dtype {got.dtype} != {want.dtype}"
     np.testing.assert_allclose(
-        got.numpy(), want.numpy(), rtol=rtol, atol=atol * scale, err_msg=f"{what}: forward"
+        got.detach().numpy(),
+        want.detach().numpy(),
+        rtol=rtol,
+        atol=atol * scale,
+        err_msg=f"{what}: forward",
     )
     for i, (g, w) in enumerate(zip(got_g, want_g)):
         if w is None:
             assert g is None, f"{what}: input {i} got a gradient the reference does not give"
             continue
         assert g is not None and g.dtype == w.dtype, f"{what}: input {i} gradient dtype"
-        gs = max(1.0, float(np.abs(w.numpy()).max(initial=0)))
+        gs = max(1.0, float(np.abs(w.detach().numpy()).max(initial=0)))
         np.testing.assert_allclose(
-            g.numpy(),
-            w.numpy(),
+            g.detach().numpy(),
+            w.detach().numpy(),
             rtol=10 * rtol,
             atol=10 * atol * gs,
             err_msg=f"{what}: gradient of input {i}",

@@ -513,7 +513,7 @@ def test_float32_model_stays_float32(fused, mask):
     opt.step()
     for n, p in model.named_parameters():
         assert p.dtype == np.float32 and p.grad.dtype == np.float32, n
-        st = opt.state[id(p)]
+        st = opt.state[p]
         assert st["exp_avg"].dtype == np.float32 and st["exp_avg_sq"].dtype == np.float32, n
 
 

@@ -113,7 +113,7 @@ def test_load_state_dict_roundtrip():
     missing, unexpected = b.load_state_dict(sd)
     assert missing == [] and unexpected == []
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=n)
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
     # Tensor values work too
     b.load_state_dict({k: tg.tensor(v) for k, v in sd.items()})
 
@@ -136,7 +136,7 @@ def test_load_state_dict_strict_errors_list_names_and_change_nothing():
         np.testing.assert_array_equal(v, before[k], err_msg=f"{k} changed by a failed load")
     missing, unexpected = m.load_state_dict(sd, strict=False)
     assert missing == ["transformer.h.1.fc.bias"] and unexpected == ["transformer.h.9.fc.bias"]
-    assert np.all(m.transformer.h[0].fc.weight.numpy() == 0)
+    assert np.all(m.transformer.h[0].fc.weight.detach().numpy() == 0)
 
 
 def test_load_state_dict_shape_mismatch_names_parameter():
@@ -193,9 +193,15 @@ def test_linear():
     assert lin.weight.shape == (4, 3) and lin.bias.shape == (4,)
     assert lin.weight.dtype == np.float32
     bound = 1 / np.sqrt(3)
-    assert np.all(np.abs(lin.weight.numpy()) <= bound) and np.all(np.abs(lin.bias.numpy()) <= bound)
+    assert np.all(np.abs(lin.weight.detach().numpy()) <= bound) and np.all(
+        np.abs(lin.bias.detach().numpy()) <= bound
+    )
     x = tg.randn(2, 5, 3)
-    assert_close(lin(x).numpy(), x.numpy() @ lin.weight.numpy().T + lin.bias.numpy(), atol=1e-6)
+    assert_close(
+        lin(x).detach().numpy(),
+        x.detach().numpy() @ lin.weight.detach().numpy().T + lin.bias.detach().numpy(),
+        atol=1e-6,
+    )
     assert nn.Linear(3, 4, bias=False).bias is None
     assert [n for n, _ in nn.Linear(3, 4, bias=False).named_parameters()] == ["weight"]
     assert "in_features=3" in repr(lin)
@@ -207,7 +213,9 @@ def test_embedding():
     idx = tg.tensor([[1, 4], [4, 4]])
     out = emb(idx)
     assert out.shape == (2, 2, 3)
-    np.testing.assert_array_equal(out.numpy(), emb.weight.numpy()[idx.numpy()])
+    np.testing.assert_array_equal(
+        out.detach().numpy(), emb.weight.detach().numpy()[idx.detach().numpy()]
+    )
     out.sum().backward()
     np.testing.assert_array_equal(emb.weight.grad.numpy()[:, 0], [0, 1, 0, 0, 3])
 
@@ -216,9 +224,13 @@ def test_embedding():
 def test_layernorm_module(shape):
     ln = nn.LayerNorm(shape)
     ns = (shape,) if isinstance(shape, int) else shape
-    assert ln.weight.shape == ns and np.all(ln.weight.numpy() == 1) and np.all(ln.bias.numpy() == 0)
+    assert (
+        ln.weight.shape == ns
+        and np.all(ln.weight.detach().numpy() == 1)
+        and np.all(ln.bias.detach().numpy() == 0)
+    )
     x = tg.randn(3, 2, 4)
-    y = ln(x).numpy()
+    y = ln(x).detach().numpy()
     axes = tuple(range(3 - len(ns), 3))
     assert_close(y.mean(axes), np.zeros(y.mean(axes).shape), atol=1e-6)
     assert_close(y.var(axes), np.ones(y.var(axes).shape), atol=1e-3)
@@ -230,8 +242,8 @@ def test_dropout_module_eval_is_identity():
     d = nn.Dropout(0.5)
     x = tg.randn(4, 4)
     assert d.eval()(x) is x
-    y = d.train()(x).numpy()
-    assert np.any(y == 0) and np.all((y == 0) | np.isclose(y, 2 * x.numpy()))
+    y = d.train()(x).detach().numpy()
+    assert np.any(y == 0) and np.all((y == 0) | np.isclose(y, 2 * x.detach().numpy()))
     with pytest.raises(ValueError):
         nn.Dropout(1.5)
 
@@ -240,7 +252,9 @@ def test_dropout_module_eval_is_identity():
 def test_gelu_module(approximate):
     x = np.linspace(-3, 3, 7)
     check_op(
-        lambda t: nn.GELU(approximate)(t), lambda a: F.gelu(tg.tensor(a), approximate).numpy(), x
+        lambda t: nn.GELU(approximate)(t),
+        lambda a: F.gelu(tg.tensor(a), approximate).detach().numpy(),
+        x,
     )
 
 
@@ -271,5 +285,5 @@ def test_tiny_mlp_learns_xor_like_task():
         losses.append(loss.item())
     assert all(p.dtype == np.float32 for p in net.parameters())
     assert losses[-1] < 0.5 * losses[0], losses[::15]
-    acc = (net(xt).argmax(-1).numpy() == y).mean()
+    acc = (net(xt).argmax(-1).detach().numpy() == y).mean()
     assert acc > 0.9, acc

@@ -125,7 +125,9 @@ def test_unary(op, data, shape):
 
 def test_sigmoid_saturates_without_overflow():
     x = tg.tensor(np.array([-1e4, -50.0, 0.0, 50.0, 1e4]), dtype=np.float64)
-    assert_close(x.sigmoid().numpy(), [0.0, _sigmoid(-50.0), 0.5, _sigmoid(50.0), 1.0], atol=1e-300)
+    assert_close(
+        x.sigmoid().detach().numpy(), [0.0, _sigmoid(-50.0), 0.5, _sigmoid(50.0), 1.0], atol=1e-300
+    )
 
 
 COMPARE = {
@@ -150,9 +152,11 @@ def test_comparisons(op, data, shapes2):
     for out, want in [(tg_fn(a, b), np_fn(x, y)), (tg_fn(a, data.draw(ints)), None)]:
         assert out.dtype == np.bool_ and not out.requires_grad, f"{op}: {out!r}"
         if want is not None:
-            np.testing.assert_array_equal(out.numpy(), want, err_msg=f"{op} {shapes2}")
+            np.testing.assert_array_equal(out.detach().numpy(), want, err_msg=f"{op} {shapes2}")
     c = data.draw(ints)
-    np.testing.assert_array_equal(tg_fn(a, c).numpy(), np_fn(x, c), err_msg=f"{op} scalar {c}")
+    np.testing.assert_array_equal(
+        tg_fn(a, c).detach().numpy(), np_fn(x, c), err_msg=f"{op} scalar {c}"
+    )
 
 
 def test_logic_ops():
@@ -273,9 +277,11 @@ def test_max_min_dim_values_indices(data, sdk):
         values, indices = getattr(t, name)(dim, keepdim=keepdim)
         res = getattr(t, name)(dim, keepdim)
         assert res.values is res[0] and res.indices is res[1]
-        assert_close(values.numpy(), npf(x, axis=dim, keepdims=keepdim), what=f"{name} values")
+        assert_close(
+            values.detach().numpy(), npf(x, axis=dim, keepdims=keepdim), what=f"{name} values"
+        )
         assert indices.dtype.kind == "i" and not indices.requires_grad
-        np.testing.assert_array_equal(indices.numpy(), npa(x, axis=dim, keepdims=keepdim))
+        np.testing.assert_array_equal(indices.detach().numpy(), npa(x, axis=dim, keepdims=keepdim))
         check_op(
             lambda a, name=name: getattr(a, name)(dim, keepdim)[0],
             lambda a, npf=npf: npf(a, axis=dim, keepdims=keepdim),
@@ -596,7 +602,7 @@ def test_masked_fill(xshape, mshape):
     # -inf: check the forward, and the gradient through a softmax (some key kept per row)
     m[..., 0] = False
     out = tg.tensor(x).masked_fill(m, float("-inf"))
-    np.testing.assert_array_equal(out.numpy(), np.where(m, -np.inf, x))
+    np.testing.assert_array_equal(out.detach().numpy(), np.where(m, -np.inf, x))
     check_op(lambda t: t.masked_fill(m, float("-inf")).softmax(-1), None, x)
 
 
@@ -650,7 +656,7 @@ def test_softmax_family(op, data, sdk):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_large_magnitudes(op, dtype):
     x = np.array([[1e4, -1e4, 0.0, 1e4 - 1], [-1e4, -1e4 + 2, -1e4 + 1, -1e4]])
-    out = getattr(F, op)(tg.tensor(x.astype(dtype)), dim=-1).numpy()
+    out = getattr(F, op)(tg.tensor(x.astype(dtype)), dim=-1).detach().numpy()
     assert out.dtype == dtype and np.all(np.isfinite(out)), f"{op} {dtype}: {out}"
     npf = np_softmax if op == "softmax" else np_log_softmax
     assert_close(out, npf(x), atol=1e-6, rtol=1e-5, what=f"{op} at ±1e4")
@@ -668,15 +674,17 @@ def test_wide_range_logits_stay_finite(op, data, shape):
         npf = np_softmax if op == "softmax" else np_log_softmax
         tg_fn, np_fn = (lambda a: getattr(F, op)(a, dim=-1)), npf
     out = check_op(tg_fn, np_fn, x, atol=1e-9, rtol=1e-9, name=f"{op} in [-1e4, 1e4] {shape}")
-    assert np.all(np.isfinite(out.numpy()))
+    assert np.all(np.isfinite(out.detach().numpy()))
     out32 = tg_fn(tg.tensor(x.astype(np.float32)))
-    assert out32.dtype == np.float32 and np.all(np.isfinite(out32.numpy())), f"{op} float32"
+    assert out32.dtype == np.float32 and np.all(np.isfinite(out32.detach().numpy())), (
+        f"{op} float32"
+    )
 
 
 def test_softmax_all_minus_inf_row_is_nan():
     x = tg.tensor([[float("-inf")] * 3, [0.0, float("-inf"), 1.0]])
     with np.errstate(invalid="ignore"):
-        y = F.softmax(x, dim=-1).numpy()
+        y = F.softmax(x, dim=-1).detach().numpy()
     assert np.all(np.isnan(y[0])), "a fully masked row has no softmax: NaN, as in PyTorch"
     assert_close(y[1], np_softmax(np.array([0.0, -np.inf, 1.0])), atol=1e-7)
 
@@ -752,7 +760,7 @@ def test_gelu_tanh(data, shape):
 def test_gelu_exact_float32_against_math_erf():
     x = np.linspace(-8, 8, 161)
     want = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
-    got = F.gelu(tg.tensor(x.astype(np.float32))).numpy()
+    got = F.gelu(tg.tensor(x.astype(np.float32))).detach().numpy()
     assert got.dtype == np.float32
     assert_close(got, want, atol=1e-6, rtol=1e-6, what="gelu float32 vs math.erf")
 
@@ -775,7 +783,7 @@ def test_dropout_identity_when_not_training_or_p0():
 def test_dropout_mask_statistics_and_gradient(p):
     x = tg.ones(200, 500, requires_grad=True)
     y = F.dropout(x, p)
-    out = y.numpy()
+    out = y.detach().numpy()
     kept = out != 0
     assert abs(1 - kept.mean() - p) < 0.01, f"dropout p={p}: dropped fraction {1 - kept.mean()}"
     assert_close(
@@ -790,7 +798,7 @@ def test_dropout_mask_statistics_and_gradient(p):
 
 
 def test_dropout_p1_and_bad_p():
-    assert np.all(F.dropout(tg.randn(5), 1.0).numpy() == 0)
+    assert np.all(F.dropout(tg.randn(5), 1.0).detach().numpy() == 0)
     with pytest.raises(ValueError, match="between 0 and 1"):
         F.dropout(tg.randn(5), 1.5)
 
@@ -798,10 +806,10 @@ def test_dropout_p1_and_bad_p():
 def test_dropout_seeded_repeatable():
     x = tg.ones(50)
     tg.manual_seed(123)
-    a = F.dropout(x, 0.5).numpy()
-    b = F.dropout(x, 0.5).numpy()
+    a = F.dropout(x, 0.5).detach().numpy()
+    b = F.dropout(x, 0.5).detach().numpy()
     tg.manual_seed(123)
-    np.testing.assert_array_equal(F.dropout(x, 0.5).numpy(), a)
+    np.testing.assert_array_equal(F.dropout(x, 0.5).detach().numpy(), a)
     assert not np.array_equal(a, b)
 
 
@@ -910,8 +918,8 @@ def test_cross_entropy_large_logits_finite(dtype):
     t = np.array([1, 2, 0])
     logits = tg.tensor(x.astype(dtype), requires_grad=True)
     loss = F.cross_entropy(logits, t, reduction="none")
-    assert loss.dtype == dtype and np.all(np.isfinite(loss.numpy()))
-    assert_close(loss.numpy(), np_cross_entropy(x, t, reduction="none"), rtol=1e-6)
+    assert loss.dtype == dtype and np.all(np.isfinite(loss.detach().numpy()))
+    assert_close(loss.detach().numpy(), np_cross_entropy(x, t, reduction="none"), rtol=1e-6)
     loss.sum().backward()
     assert np.all(np.isfinite(logits.grad.numpy()))
     check_op(lambda a: F.cross_entropy(a, t), lambda a: np_cross_entropy(a, t), x)
@@ -1015,7 +1023,7 @@ def test_sdpa_fully_masked_row_gives_zeros(mask_kind):
         v,
         name=f"sdpa fully masked row ({mask_kind})",
     )
-    assert np.all(out.numpy()[0, 1] == 0) and np.all(np.isfinite(out.numpy()))
+    assert np.all(out.detach().numpy()[0, 1] == 0) and np.all(np.isfinite(out.detach().numpy()))
 
 
 def test_sdpa_shape_error():

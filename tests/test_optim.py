@@ -77,7 +77,7 @@ def test_non_contiguous_parameter_is_updated_like_a_contiguous_one():
             p.grad = tg.Tensor(grad.copy())
             opt.step()
     np.testing.assert_array_equal(a.data, b.data)
-    np.testing.assert_array_equal(opts[0].state[id(a)]["exp_avg"], opts[1].state[id(b)]["exp_avg"])
+    np.testing.assert_array_equal(opts[0].state[a]["exp_avg"], opts[1].state[b]["exp_avg"])
 
 
 def test_parameter_without_grad_is_left_alone():
@@ -87,7 +87,7 @@ def test_parameter_without_grad_is_left_alone():
     params[0].grad = tg.Tensor(grad_at(0, 0))
     opt.step()
     np.testing.assert_array_equal(params[1].data, before)  # no decay either
-    assert id(params[1]) not in opt.state and opt.state[id(params[0])]["step"] == 1
+    assert params[1] not in opt.state and opt.state[params[0]]["step"] == 1
 
 
 def test_state_dict_resume_is_exact():

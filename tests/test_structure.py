@@ -124,16 +124,7 @@ def _path_in(graph, comp: set[str]) -> list[str]:
     return sorted(comp)
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(
-            "tensorgrad",
-            marks=pytest.mark.xfail(strict=False, reason="tensorgrad side in progress"),
-        ),
-        "gpt",
-    ],
-)
+@pytest.mark.parametrize("package", ["tensorgrad", "gpt"])
 def test_layout_rules(package):
     found = problems(ROOT, package)
     assert not found, f"{len(found)} layout problems in {package}/:\n" + "\n".join(found)

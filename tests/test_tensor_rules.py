@@ -75,14 +75,14 @@ def test_view_of_non_contiguous_raises_pytorchs_error_and_reshape_copies():
     with pytest.raises(RuntimeError, match=r"view size is not compatible .*Use \.reshape"):
         t.view(12)
     r = t.reshape(12)
-    np.testing.assert_array_equal(r.numpy(), t.numpy().reshape(12))
+    np.testing.assert_array_equal(r.detach().numpy(), t.detach().numpy().reshape(12))
     assert t.contiguous().view(12).shape == (12,)
     assert t.view(4, 3).shape == (4, 3)  # no change of layout needed: allowed
 
 
 def test_in_place_write_through_a_view_of_a_leaf_that_requires_grad_raises():
     x = tg.randn(4, 3, requires_grad=True)
-    before = x.numpy().copy()
+    before = x.detach().numpy().copy()
     for write in (
         lambda v: v.__iadd__(1),
         lambda v: v.mul_(2),
@@ -95,10 +95,10 @@ def test_in_place_write_through_a_view_of_a_leaf_that_requires_grad_raises():
     ):
         with pytest.raises(RuntimeError, match="leaf|autograd"):
             write(x[0:2])
-    np.testing.assert_array_equal(x.numpy(), before)  # and x is unchanged
+    np.testing.assert_array_equal(x.detach().numpy(), before)  # and x is unchanged
     with tg.no_grad():
         x[0:2] += 1  # fine without recording, as in PyTorch
-    np.testing.assert_allclose(x.numpy()[:2], before[:2] + 1)
+    np.testing.assert_allclose(x.detach().numpy()[:2], before[:2] + 1)
 
 
 def test_in_place_on_a_leaf_that_requires_grad_raises_each_way():
@@ -127,14 +127,14 @@ def test_in_place_on_a_view_of_a_plain_tensor_writes_through():
     x = tg.zeros(4)
     x[1:3] += 2
     x[0:1].fill_(7.0)
-    np.testing.assert_array_equal(x.numpy(), [7, 2, 2, 0])
+    np.testing.assert_array_equal(x.detach().numpy(), [7, 2, 2, 0])
 
 
 def test_in_place_through_a_view_of_a_non_leaf_is_recorded():
     x = tg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     y = x * 2
     y[0:2] *= 3  # PyTorch rewrites y's graph; so do we
-    np.testing.assert_allclose(y.numpy(), [6, 12, 6])
+    np.testing.assert_allclose(y.detach().numpy(), [6, 12, 6])
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [6, 6, 2])
 
@@ -176,7 +176,7 @@ def test_constant_fills_of_a_non_leaf_stop_its_gradient(fill):
         "copy_": lambda: y.copy_(tg.ones(3)),
     }[fill]()
     (y * x).sum().backward()  # only the direct use of x is left
-    np.testing.assert_allclose(x.grad.numpy(), y.numpy())
+    np.testing.assert_allclose(x.grad.numpy(), y.detach().numpy())
 
 
 def test_other_views_see_a_write_through_one_view():
@@ -314,4 +314,4 @@ def test_promotion_keeps_gradients_in_each_inputs_dtype():
     assert y.dtype == np.float32
     y.sum().backward()
     assert x.grad.dtype == np.float32 and w.grad.dtype == np.float64
-    np.testing.assert_allclose(w.grad.numpy(), x.numpy().sum(), rtol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), x.detach().numpy().sum(), rtol=1e-6)

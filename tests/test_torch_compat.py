@@ -5,18 +5,22 @@ would (not copied from anywhere), using the idioms GPT code uses: register_buffe
 causal mask, F.scaled_dot_product_attention, Module.apply with nn.init, configure_optimizers
 with inspect.signature, param-group lr edits, clip_grad_norm_, f"{loss:.4f}", a multinomial
 sampling loop with topk, tg.save / tg.load. The rest checks each idiom on its own, and the
-gradient of each new op against float64 finite differences.
+gradient of each new op against float64 finite differences. The idiom table (issue 27) holds
+short PyTorch snippets with PyTorch's result written down, and snippets PyTorch rejects.
 """
 
 import inspect
 import math
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import check_op
+from helpers import arrays, check_op, shapes
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 # ruff: noqa: C408, PLR0402, RUF059  (written as PyTorch code is: dict(), import ... as nn)
 import tensorgrad as torch  # the only lines that differ from PyTorch code
@@ -269,12 +273,12 @@ class WithBuffers(nn.Module):
 def test_register_buffer_state_dict_and_load():
     m = WithBuffers()
     sd = m.state_dict()
-    assert list(sd) == ["lin.weight", "lin.bias", "mask"]  # not the non-persistent one
+    assert list(sd) == ["mask", "lin.weight", "lin.bias"]  # own buffers first, as PyTorch
     assert [n for n, _ in m.named_buffers()] == ["mask", "scratch"]
     assert [n for n, _ in m.named_parameters()] == ["lin.weight", "lin.bias"]
     m2 = WithBuffers()
     m2.load_state_dict({**{k: v.clone() for k, v in sd.items()}, "mask": np.full((2, 2), 3.0)})
-    np.testing.assert_array_equal(m2.mask.numpy(), np.full((2, 2), 3.0))
+    np.testing.assert_array_equal(m2.mask.detach().numpy(), np.full((2, 2), 3.0))
     with pytest.raises(KeyError, match="mask"):
         m2.load_state_dict({"lin.weight": sd["lin.weight"], "lin.bias": sd["lin.bias"]})
     m2.mask = torch.zeros(2, 2)  # reassigning keeps it a buffer
@@ -286,7 +290,7 @@ def test_state_dict_tensors_share_the_parameters_memory():
     sd = m.state_dict()
     with torch.no_grad():
         sd["weight"].copy_(torch.ones(3, 2).t())  # as nanoGPT's from_pretrained fills weights
-    np.testing.assert_array_equal(m.weight.numpy(), np.ones((2, 3)))
+    np.testing.assert_array_equal(m.weight.detach().numpy(), np.ones((2, 3)))
     assert sd["weight"].grad_fn is None and not sd["weight"].requires_grad
 
 
@@ -351,7 +355,7 @@ def test_nn_init_in_place_no_graph_seeded(name):
     torch.manual_seed(0)
     p = nn.Parameter(torch.zeros(200, 300))
     assert fn(p) is p and p.is_leaf and p.grad_fn is None and p.dtype == np.float32
-    a = p.numpy()
+    a = p.detach().numpy()
     assert abs(a.mean() - mean) < 0.02
     if std is not None:
         assert abs(a.std() - std) < 0.05 * std + 1e-6
@@ -360,7 +364,7 @@ def test_nn_init_in_place_no_graph_seeded(name):
     torch.manual_seed(0)
     q = nn.Parameter(torch.zeros(200, 300))
     fn(q)
-    np.testing.assert_array_equal(q.numpy(), a)  # drawn from the seeded generator
+    np.testing.assert_array_equal(q.detach().numpy(), a)  # drawn from the seeded generator
 
 
 # ----------------------------------------------------------------------------- optim, utils
@@ -372,7 +376,7 @@ def test_param_group_lr_edit_changes_the_step():
     p.grad = torch.ones(3)
     opt.param_groups[0]["lr"] = 0.5
     opt.step()
-    np.testing.assert_allclose(p.numpy(), 0.5)
+    np.testing.assert_allclose(p.detach().numpy(), 0.5)
 
 
 def test_clip_grad_norm_returns_a_0d_tensor():
@@ -390,15 +394,17 @@ def test_clip_grad_norm_returns_a_0d_tensor():
 def test_topk_sort_argmax_cumsum():
     x = torch.tensor([[1.0, 5.0, 3.0, 2.0], [0.0, -1.0, 4.0, 4.5]])
     v, i = torch.topk(x, 2)
-    np.testing.assert_array_equal(v.numpy(), [[5, 3], [4.5, 4]])
-    np.testing.assert_array_equal(i.numpy(), [[1, 2], [3, 2]])
+    np.testing.assert_array_equal(v.detach().numpy(), [[5, 3], [4.5, 4]])
+    np.testing.assert_array_equal(i.detach().numpy(), [[1, 2], [3, 2]])
     _, i2 = x.topk(1, dim=0, largest=False)
-    np.testing.assert_array_equal(i2.numpy(), [[1, 1, 0, 0]])
+    np.testing.assert_array_equal(i2.detach().numpy(), [[1, 1, 0, 0]])
     s, j = torch.sort(x, dim=-1, descending=True)
-    np.testing.assert_array_equal(s.numpy(), -np.sort(-x.numpy(), axis=-1))
-    np.testing.assert_array_equal(torch.gather(x, 1, j).numpy(), s.numpy())
+    np.testing.assert_array_equal(s.detach().numpy(), -np.sort(-x.detach().numpy(), axis=-1))
+    np.testing.assert_array_equal(torch.gather(x, 1, j).detach().numpy(), s.detach().numpy())
     assert torch.argmax(x).item() == 1 and torch.argmax(x, dim=1).tolist() == [1, 3]
-    np.testing.assert_allclose(torch.cumsum(x, dim=1).numpy(), np.cumsum(x.numpy(), axis=1))
+    np.testing.assert_allclose(
+        torch.cumsum(x, dim=1).detach().numpy(), np.cumsum(x.detach().numpy(), axis=1)
+    )
 
 
 def test_multinomial_with_and_without_replacement():
@@ -406,7 +412,7 @@ def test_multinomial_with_and_without_replacement():
     probs = torch.tensor([[0.0, 0.7, 0.3], [0.5, 0.0, 0.5]])
     draws = torch.multinomial(probs, 2000, replacement=True)
     assert draws.shape == (2, 2000) and draws.dtype == np.int64
-    d = draws.numpy()
+    d = draws.detach().numpy()
     assert not (d[0] == 0).any() and not (d[1] == 1).any()  # zero weight: never drawn
     assert abs((d[0] == 1).mean() - 0.7) < 0.05
     w = torch.multinomial(torch.tensor([1.0, 2.0, 0.0, 4.0]), 3)  # unnormalised weights
@@ -416,22 +422,22 @@ def test_multinomial_with_and_without_replacement():
     g = torch.Generator().manual_seed(42)
     a = torch.multinomial(probs, 5, replacement=True, generator=g)
     b = torch.multinomial(probs, 5, replacement=True, generator=torch.Generator().manual_seed(42))
-    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
 
 
 def test_random_factories():
     torch.manual_seed(3)
     x = torch.randn(2, 3)
     assert torch.randn_like(x).shape == (2, 3) and torch.rand_like(x).dtype == np.float32
-    r = torch.rand_like(x).numpy()
+    r = torch.rand_like(x).detach().numpy()
     assert (r >= 0).all() and (r < 1).all()
-    a = torch.randint(2, 5, (100,)).numpy()
+    a = torch.randint(2, 5, (100,)).detach().numpy()
     assert a.min() >= 2 and a.max() < 5 and a.dtype == np.int64
     b = torch.randint(3, (4, 5))
     assert b.shape == (4, 5) and int(b.max()) < 3
     gen = torch.manual_seed(3)
     assert gen.initial_seed() == 3
-    np.testing.assert_array_equal(torch.randn(2, 3).numpy(), x.numpy())
+    np.testing.assert_array_equal(torch.randn(2, 3).detach().numpy(), x.detach().numpy())
 
 
 # ----------------------------------------------------------------------------- functions
@@ -440,40 +446,60 @@ def test_random_factories():
 def test_module_level_functions_are_the_methods():
     x = torch.tensor([[0.5, -1.0], [2.0, 3.0]])
     for name in ("tanh", "exp", "abs", "sigmoid", "relu"):
-        np.testing.assert_array_equal(getattr(torch, name)(x).numpy(), getattr(x, name)().numpy())
-    np.testing.assert_allclose(torch.sqrt(x.abs()).numpy(), np.sqrt(np.abs(x.numpy())))
-    np.testing.assert_allclose(torch.rsqrt(x.abs()).numpy(), 1 / np.sqrt(np.abs(x.numpy())))
-    np.testing.assert_allclose(torch.log(x.abs()).numpy(), np.log(np.abs(x.numpy())))
-    np.testing.assert_allclose(torch.pow(x, 2).numpy(), x.numpy() ** 2)
-    np.testing.assert_array_equal(
-        torch.clamp(x, min=0.0, max=2.0).numpy(), np.clip(x.numpy(), 0, 2)
-    )
-    np.testing.assert_array_equal(
-        torch.maximum(x, torch.zeros(2, 2)).numpy(), np.maximum(x.numpy(), 0)
-    )
-    np.testing.assert_array_equal(
-        torch.minimum(x, torch.zeros(2, 2)).numpy(), np.minimum(x.numpy(), 0)
-    )
-    np.testing.assert_allclose(torch.softmax(x, dim=-1).numpy(), F.softmax(x, -1).numpy())
-    np.testing.assert_array_equal(torch.tril(x).numpy(), np.tril(x.numpy()))
-    np.testing.assert_array_equal(torch.ones_like(x).numpy(), np.ones((2, 2)))
-    a, b = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
-    np.testing.assert_allclose(torch.bmm(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
-    np.testing.assert_allclose(torch.matmul(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
+        np.testing.assert_array_equal(
+            getattr(torch, name)(x).detach().numpy(), getattr(x, name)().detach().numpy()
+        )
     np.testing.assert_allclose(
-        torch.einsum("bij,bjk->bik", a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5
+        torch.sqrt(x.abs()).detach().numpy(), np.sqrt(np.abs(x.detach().numpy()))
+    )
+    np.testing.assert_allclose(
+        torch.rsqrt(x.abs()).detach().numpy(), 1 / np.sqrt(np.abs(x.detach().numpy()))
+    )
+    np.testing.assert_allclose(
+        torch.log(x.abs()).detach().numpy(), np.log(np.abs(x.detach().numpy()))
+    )
+    np.testing.assert_allclose(torch.pow(x, 2).detach().numpy(), x.detach().numpy() ** 2)
+    np.testing.assert_array_equal(
+        torch.clamp(x, min=0.0, max=2.0).detach().numpy(), np.clip(x.detach().numpy(), 0, 2)
+    )
+    np.testing.assert_array_equal(
+        torch.maximum(x, torch.zeros(2, 2)).detach().numpy(), np.maximum(x.detach().numpy(), 0)
+    )
+    np.testing.assert_array_equal(
+        torch.minimum(x, torch.zeros(2, 2)).detach().numpy(), np.minimum(x.detach().numpy(), 0)
+    )
+    np.testing.assert_allclose(
+        torch.softmax(x, dim=-1).detach().numpy(), F.softmax(x, -1).detach().numpy()
+    )
+    np.testing.assert_array_equal(torch.tril(x).detach().numpy(), np.tril(x.detach().numpy()))
+    np.testing.assert_array_equal(torch.ones_like(x).detach().numpy(), np.ones((2, 2)))
+    a, b = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
+    np.testing.assert_allclose(
+        torch.bmm(a, b).detach().numpy(), a.detach().numpy() @ b.detach().numpy(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        torch.matmul(a, b).detach().numpy(), a.detach().numpy() @ b.detach().numpy(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        torch.einsum("bij,bjk->bik", a, b).detach().numpy(),
+        a.detach().numpy() @ b.detach().numpy(),
+        rtol=1e-5,
     )
 
 
 def test_tensor_methods():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    np.testing.assert_array_equal(x.index_select(1, torch.tensor([2, 0])).numpy(), [[3, 1], [6, 4]])
-    np.testing.assert_allclose(x.norm().item(), np.linalg.norm(x.numpy()), rtol=1e-6)
-    np.testing.assert_allclose(x.norm(dim=1).numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(
+        x.index_select(1, torch.tensor([2, 0])).detach().numpy(), [[3, 1], [6, 4]]
+    )
+    np.testing.assert_allclose(x.norm().item(), np.linalg.norm(x.detach().numpy()), rtol=1e-6)
+    np.testing.assert_allclose(
+        x.norm(dim=1).detach().numpy(), np.linalg.norm(x.detach().numpy(), axis=1), rtol=1e-6
+    )
     rows = x.unbind(0)
     assert len(rows) == 2 and rows[1].tolist() == [4, 5, 6]
     np.testing.assert_array_equal(
-        torch.zeros(2, 3).scatter_add(1, torch.tensor([[0, 0, 2], [1, 1, 1]]), x).numpy(),
+        torch.zeros(2, 3).scatter_add(1, torch.tensor([[0, 0, 2], [1, 1, 1]]), x).detach().numpy(),
         [[3, 0, 3], [0, 15, 0]],
     )
     assert (x // 2).tolist() == [[0, 1, 1], [2, 2, 3]]
@@ -484,9 +510,16 @@ def test_tensor_methods():
     y.zero_().fill_(2.5)
     assert (y == 2.5).all()
     torch.manual_seed(0)
-    assert y.normal_(0.0, 1.0).numpy().std() > 0 and y.uniform_(2, 3).numpy().min() >= 2
-    np.testing.assert_allclose(x.std(dim=1, correction=0).numpy(), x.numpy().std(axis=1), rtol=1e-6)
-    np.testing.assert_allclose(x.var(correction=1).item(), x.numpy().var(ddof=1), rtol=1e-6)
+    assert (
+        y.normal_(0.0, 1.0).detach().numpy().std() > 0
+        and y.uniform_(2, 3).detach().numpy().min() >= 2
+    )
+    np.testing.assert_allclose(
+        x.std(dim=1, correction=0).detach().numpy(), x.detach().numpy().std(axis=1), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        x.var(correction=1).item(), x.detach().numpy().var(ddof=1), rtol=1e-6
+    )
     assert f"{x.sum():.1f}" == "21.0" and f"{torch.tensor(3)}" == "3"
     s = x.size()
     assert s == (2, 3) and s[1] == 3 and s.numel() == 6 and isinstance(s, tuple)
@@ -496,25 +529,33 @@ def test_tensor_methods():
 def test_functional_and_loss_modules():
     x = torch.randn(4, 5)
     t = torch.tensor([0, 3, 1, 4])
-    np.testing.assert_allclose(F.silu(x).numpy(), x.numpy() / (1 + np.exp(-x.numpy())), rtol=1e-5)
-    np.testing.assert_allclose(nn.SiLU()(x).numpy(), F.silu(x).numpy())
-    np.testing.assert_allclose(nn.Tanh()(x).numpy(), np.tanh(x.numpy()), rtol=1e-6)
-    np.testing.assert_allclose(nn.Softmax(dim=-1)(x).numpy(), F.softmax(x, -1).numpy())
+    np.testing.assert_allclose(
+        F.silu(x).detach().numpy(),
+        x.detach().numpy() / (1 + np.exp(-x.detach().numpy())),
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(nn.SiLU()(x).detach().numpy(), F.silu(x).detach().numpy())
+    np.testing.assert_allclose(
+        nn.Tanh()(x).detach().numpy(), np.tanh(x.detach().numpy()), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        nn.Softmax(dim=-1)(x).detach().numpy(), F.softmax(x, -1).detach().numpy()
+    )
     assert F.pad(x, (1, 2)).shape == (4, 8) and F.pad(x, (0, 0, 1, 0), value=9.0)[0, 0] == 9
     np.testing.assert_allclose(
-        F.mse_loss(x, torch.zeros(4, 5)).item(), (x.numpy() ** 2).mean(), rtol=1e-6
+        F.mse_loss(x, torch.zeros(4, 5)).item(), (x.detach().numpy() ** 2).mean(), rtol=1e-6
     )
     ce = nn.CrossEntropyLoss()(x, t)
     np.testing.assert_allclose(ce.item(), F.cross_entropy(x, t).item())
     # label smoothing, against its definition
     eps = 0.1
-    logp = x.numpy() - np.log(np.exp(x.numpy()).sum(1, keepdims=True))
-    want = ((1 - eps) * -logp[np.arange(4), t.numpy()] - eps * logp.mean(1)).mean()
+    logp = x.detach().numpy() - np.log(np.exp(x.detach().numpy()).sum(1, keepdims=True))
+    want = ((1 - eps) * -logp[np.arange(4), t.detach().numpy()] - eps * logp.mean(1)).mean()
     got = F.cross_entropy(x, t, label_smoothing=eps)
     np.testing.assert_allclose(got.item(), want, rtol=1e-5)
     got = nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=3)(x, t)
-    keep = t.numpy() != 3
-    want = ((1 - eps) * -logp[np.arange(4), t.numpy()] - eps * logp.mean(1))[keep].mean()
+    keep = t.detach().numpy() != 3
+    want = ((1 - eps) * -logp[np.arange(4), t.detach().numpy()] - eps * logp.mean(1))[keep].mean()
     np.testing.assert_allclose(got.item(), want, rtol=1e-5)
 
 
@@ -618,7 +659,7 @@ def test_save_load_round_trip_without_pickle(tmp_path):
     raw = (tmp_path / "s.safetensors").read_bytes()
     assert b"pickle" not in raw and raw[:1] != b"\x80"
     back = torch.load(tmp_path / "s.safetensors")
-    np.testing.assert_array_equal(back["w"].numpy(), state["w"].numpy())
+    np.testing.assert_array_equal(back["w"].detach().numpy(), state["w"].detach().numpy())
     assert back["ids"].dtype == np.int64 and back["step"] == 7 and back["name"] == "run"
     assert back["nested"][3] == "int key" and back["nested"]["a"][1] is None
     assert isinstance(back["nested"]["a"][2], torch.Tensor)
@@ -670,3 +711,607 @@ def test_tensorgrad_never_imports_gpt():
         "for m in sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ----------------------------------------------------------------------------- idiom table
+# Issue 27: short PyTorch idioms from GPT and small-model code, each with PyTorch 2.13's result
+# (its repr) written down once, so that every difference from PyTorch is a failing test. These
+# tests do not import torch; the expected strings were produced by running the same lines under
+# PyTorch.
+
+
+def _grad_of(fn, values):
+    x = torch.tensor(values, requires_grad=True)
+    fn(x).sum().backward()
+    return x.grad
+
+
+class _Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.child = nn.Linear(1, 1)
+        self.register_buffer("mask", torch.ones(1))
+        self.w = nn.Parameter(torch.ones(1))
+
+
+def _emb_grad():
+    e = nn.Embedding(3, 2, padding_idx=0)
+    e(torch.tensor([0, 1, 0])).sum().backward()
+    return e.weight.grad
+
+
+def _clip_norm(dtype, norm_type):
+    p = nn.Parameter(torch.ones(2, dtype=dtype))
+    p.grad = torch.tensor([3.0, 4.0], dtype=dtype)
+    n = nn.utils.clip_grad_norm_([p], 1.0, norm_type=norm_type)
+    return n, p.grad
+
+
+def _clip_value():
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.tensor([-3.0, 0.5, 4.0])
+    nn.utils.clip_grad_value_([p], 1.0)
+    return p.grad
+
+
+def _adam_opt():
+    p = nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = torch.optim.Adam([p], lr=0.1, weight_decay=0.1)
+    p.grad = torch.tensor([0.5, 0.25])
+    opt.step()
+    return p, opt
+
+
+def _adam_step():
+    p, opt = _adam_opt()
+    return p.detach(), int(opt.state[p]["step"])  # opt.state is keyed by the parameter
+
+
+def _adam_state():
+    return _adam_opt()[1].state_dict()
+
+
+def _lrs(make):
+    opt = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0)
+    sched = make(opt)
+    out = []
+    for _ in range(6):
+        out.append(round(opt.param_groups[0]["lr"], 6))
+        opt.step()
+        sched.step()
+    return out
+
+
+def _inference():
+    x = torch.ones(2, requires_grad=True)
+    with torch.inference_mode():
+        y = x * 2
+    return y.requires_grad
+
+
+LR = torch.optim.lr_scheduler
+IDIOMS = [
+    (
+        "mixed basic and advanced indexing",
+        lambda: torch.arange(24.0).view(2, 3, 4)[0, :, [1, 2]],
+        "tensor([[ 1.,  2.],\n        [ 5.,  6.],\n        [ 9., 10.]])",
+    ),
+    (
+        "mixed indexing, equal sizes",
+        lambda: torch.arange(8.0).view(2, 2, 2)[1, :, [0, 1]],
+        "tensor([[4., 5.],\n        [6., 7.]])",
+    ),
+    (
+        "int and list on one side",
+        lambda: torch.arange(24).view(2, 3, 4)[1, [0, 2]],
+        "tensor([[12, 13, 14, 15],\n        [20, 21, 22, 23]])",
+    ),
+    ("empty index list", lambda: torch.arange(3.0)[[]], "tensor([])"),
+    (
+        "where promotes a Python float",
+        lambda: torch.where(torch.tensor([True, False]), torch.tensor([1, 0]), 0.5),
+        "tensor([1.0000, 0.5000])",
+    ),
+    (
+        "cat promotes int with float32",
+        lambda: torch.cat([torch.tensor([1, 2]), torch.tensor([1.5])]),
+        "tensor([1.0000, 2.0000, 1.5000])",
+    ),
+    (
+        "stack promotes",
+        lambda: torch.stack([torch.tensor([1, 2]), torch.tensor([0.5, 1.0])]),
+        "tensor([[1.0000, 2.0000],\n        [0.5000, 1.0000]])",
+    ),
+    ("clamp of ints by a float", lambda: torch.tensor([1, 2]).clamp(min=0.5), "tensor([1., 2.])"),
+    ("compare ints with a float", lambda: torch.tensor([1, 2]) < 1.5, "tensor([ True, False])"),
+    (
+        "max(dim) gradient at ties",
+        lambda: _grad_of(lambda x: x.max(dim=0).values, [1.0, 3.0, 3.0]),
+        "tensor([0., 1., 0.])",
+    ),
+    (
+        "amax gradient at ties",
+        lambda: _grad_of(lambda x: x.amax(0), [1.0, 3.0, 3.0]),
+        "tensor([0.0000, 0.5000, 0.5000])",
+    ),
+    ("repr float", lambda: torch.tensor([1.5, 2.0]), "tensor([1.5000, 2.0000])"),
+    (
+        "repr whole floats",
+        lambda: torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+        "tensor([[1., 2.],\n        [3., 4.]])",
+    ),
+    ("repr scientific", lambda: torch.tensor([1e-5, 1.0]), "tensor([1.0000e-05, 1.0000e+00])"),
+    (
+        "repr inf nan",
+        lambda: torch.tensor([float("inf"), 1.5, float("nan")]),
+        "tensor([   inf, 1.5000,    nan])",
+    ),
+    (
+        "repr 3-d",
+        lambda: torch.arange(24.0).view(2, 3, 4) - 5,
+        "tensor([[[-5., -4., -3., -2.],\n         [-1.,  0.,  1.,  2.],\n         [ 3.,  4.,  5.,  6.]],\n\n        [[ 7.,  8.,  9., 10.],\n         [11., 12., 13., 14.],\n         [15., 16., 17., 18.]]])",
+    ),
+    (
+        "repr summarized",
+        lambda: torch.arange(2000.0),
+        "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., 1.9970e+03, 1.9980e+03,\n        1.9990e+03])",
+    ),
+    (
+        "repr wrapped rows",
+        lambda: torch.ones(2, 12) / 3,
+        "tensor([[0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333,\n         0.3333, 0.3333, 0.3333],\n        [0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333,\n         0.3333, 0.3333, 0.3333]])",
+    ),
+    ("repr whole with inf", lambda: torch.tensor([1.0, float("inf")]), "tensor([1., inf])"),
+    (
+        "repr int32",
+        lambda: torch.tensor([1, 2], dtype=torch.int32),
+        "tensor([1, 2], dtype=torch.int32)",
+    ),
+    (
+        "repr float64",
+        lambda: torch.tensor([1.0, 2.0], dtype=torch.float64),
+        "tensor([1., 2.], dtype=torch.float64)",
+    ),
+    ("repr bool", lambda: torch.tensor([True, False]), "tensor([ True, False])"),
+    ("repr 0-d", lambda: torch.tensor(3.5), "tensor(3.5000)"),
+    ("repr empty", lambda: torch.zeros(0, 3), "tensor([], size=(0, 3))"),
+    (
+        "repr requires_grad",
+        lambda: torch.tensor([1.0, 2.0], requires_grad=True),
+        "tensor([1., 2.], requires_grad=True)",
+    ),
+    (
+        "repr grad_fn",
+        lambda: torch.tensor([1.0, 2.0], requires_grad=True) * 2,
+        "tensor([2., 4.], grad_fn=<MulBackward0>)",
+    ),
+    ("Size", lambda: torch.zeros(2, 3).shape, "torch.Size([2, 3])"),
+    ("dtype", lambda: torch.zeros(2).dtype, "torch.float32"),
+    (
+        "dtype.is_floating_point",
+        lambda: (torch.float32.is_floating_point, torch.int64.is_floating_point),
+        "(True, False)",
+    ),
+    (
+        "finfo",
+        lambda: (torch.finfo(torch.float32).eps, torch.finfo(torch.float16).max),
+        "(1.1920928955078125e-07, 65504.0)",
+    ),
+    (
+        "iinfo",
+        lambda: (torch.iinfo(torch.int32).max, torch.iinfo(torch.int8).min),
+        "(2147483647, -128)",
+    ),
+    (
+        "device",
+        lambda: (torch.zeros(1).device.type, torch.device("cpu") == torch.zeros(1).device),
+        "('cpu', True)",
+    ),
+    ("Dropout repr", lambda: nn.Dropout(0.3), "Dropout(p=0.3, inplace=False)"),
+    (
+        "LayerNorm repr",
+        lambda: nn.LayerNorm(4),
+        "LayerNorm((4,), eps=1e-05, elementwise_affine=True, bias=True)",
+    ),
+    ("GELU repr", lambda: nn.GELU(), "GELU(approximate='none')"),
+    ("Linear repr", lambda: nn.Linear(2, 3), "Linear(in_features=2, out_features=3, bias=True)"),
+    ("Embedding repr", lambda: nn.Embedding(5, 3, padding_idx=0), "Embedding(5, 3, padding_idx=0)"),
+    (
+        "state_dict order",
+        lambda: list(_Holder().state_dict()),
+        "['w', 'mask', 'child.weight', 'child.bias']",
+    ),
+    (
+        "new_zeros",
+        lambda: torch.ones(2, dtype=torch.float64).new_zeros(2, 3),
+        "tensor([[0., 0., 0.],\n        [0., 0., 0.]], dtype=torch.float64)",
+    ),
+    ("new_full", lambda: torch.ones(2).new_full((2,), 7.0), "tensor([7., 7.])"),
+    (
+        "new_tensor",
+        lambda: torch.ones(2, dtype=torch.float64).new_tensor([1, 2]),
+        "tensor([1., 2.], dtype=torch.float64)",
+    ),
+    (
+        "scatter",
+        lambda: torch.zeros(2, 3).scatter(1, torch.tensor([[2], [0]]), 5.0),
+        "tensor([[0., 0., 5.],\n        [5., 0., 0.]])",
+    ),
+    (
+        "scatter_add_",
+        lambda: torch.zeros(3).scatter_add_(
+            0, torch.tensor([0, 0, 2]), torch.tensor([1.0, 2.0, 3.0])
+        ),
+        "tensor([3., 0., 3.])",
+    ),
+    (
+        "index_add_",
+        lambda: torch.zeros(3, 2).index_add_(0, torch.tensor([0, 2]), torch.ones(2, 2)),
+        "tensor([[1., 1.],\n        [0., 0.],\n        [1., 1.]])",
+    ),
+    ("prod", lambda: torch.tensor([[1.0, 2.0], [3.0, 4.0]]).prod(1), "tensor([ 2., 12.])"),
+    (
+        "logsumexp",
+        lambda: torch.tensor([[0.0, 1.0], [2.0, 3.0]]).logsumexp(1),
+        "tensor([1.3133, 3.3133])",
+    ),
+    (
+        "all(dim)",
+        lambda: torch.tensor([[True, False], [True, True]]).all(dim=1),
+        "tensor([False,  True])",
+    ),
+    (
+        "any(dim)",
+        lambda: torch.tensor([[True, False], [False, False]]).any(dim=1),
+        "tensor([ True, False])",
+    ),
+    ("count_nonzero", lambda: torch.tensor([[0, 1], [2, 3]]).count_nonzero(), "tensor(3)"),
+    ("where(cond)", lambda: torch.where(torch.tensor([0, 3, 0, 4]) > 0), "(tensor([1, 3]),)"),
+    (
+        "Tensor.where",
+        lambda: torch.tensor([1.0, 2.0]).where(torch.tensor([True, False]), 0.0),
+        "tensor([1., 0.])",
+    ),
+    (
+        "sin cos",
+        lambda: (torch.tensor([0.0]).sin(), torch.tensor([0.0]).cos()),
+        "(tensor([0.]), tensor([1.]))",
+    ),
+    (
+        "sign floor ceil round",
+        lambda: [
+            f(torch.tensor([-1.5, 0.5, 2.5]))
+            for f in (torch.sign, torch.floor, torch.ceil, torch.round)
+        ],
+        "[tensor([-1.,  1.,  1.]), tensor([-2.,  0.,  2.]), tensor([-1.,  1.,  3.]), tensor([-2.,  0.,  2.])]",
+    ),
+    ("flip", lambda: torch.arange(6).view(2, 3).flip(1), "tensor([[2, 1, 0],\n        [5, 4, 3]])"),
+    (
+        "mm dot outer",
+        lambda: (
+            torch.ones(2, 3).mm(torch.ones(3, 1)),
+            torch.tensor([1.0, 2.0]).dot(torch.tensor([3.0, 4.0])),
+            torch.tensor([1, 2]).outer(torch.tensor([1, 3])),
+        ),
+        "(tensor([[3.],\n        [3.]]), tensor(11.), tensor([[1, 3],\n        [2, 6]]))",
+    ),
+    (
+        "allclose equal",
+        lambda: (
+            torch.tensor([1.0]).allclose(torch.tensor([1.0 + 1e-9])),
+            torch.tensor([1, 2]).equal(torch.tensor([1, 2])),
+        ),
+        "(True, True)",
+    ),
+    (
+        "nan_to_num",
+        lambda: torch.tensor([float("nan"), 1.0, float("-inf")]).nan_to_num(
+            posinf=9.0, neginf=-9.0
+        ),
+        "tensor([ 0.,  1., -9.])",
+    ),
+    (
+        "unique",
+        lambda: torch.tensor([3, 1, 3, 2]).unique(return_counts=True),
+        "(tensor([1, 2, 3]), tensor([1, 1, 2]))",
+    ),
+    (
+        "logical ops",
+        lambda: (
+            torch.tensor([True, False]).logical_and(torch.tensor([True, True])),
+            torch.logical_or(torch.tensor([True, False]), torch.tensor([False, False])),
+            torch.logical_not(torch.tensor([True, False])),
+        ),
+        "(tensor([ True, False]), tensor([ True, False]), tensor([False,  True]))",
+    ),
+    (
+        "softmax(dtype=)",
+        lambda: F.softmax(torch.tensor([0.0, 0.0]), dim=0, dtype=torch.float64),
+        "tensor([0.5000, 0.5000], dtype=torch.float64)",
+    ),
+    (
+        "cross_entropy probabilities",
+        lambda: F.cross_entropy(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.2, 0.3, 0.5]])),
+        "tensor(1.1076)",
+    ),
+    (
+        "cross_entropy weight",
+        lambda: F.cross_entropy(
+            torch.tensor([[1.0, 2.0], [0.5, 0.1]]),
+            torch.tensor([1, 0]),
+            weight=torch.tensor([1.0, 3.0]),
+        ),
+        "tensor(0.3632)",
+    ),
+    (
+        "nll_loss",
+        lambda: F.nll_loss(torch.tensor([[-1.0, -2.0], [-0.5, -0.1]]), torch.tensor([1, 0])),
+        "tensor(1.2500)",
+    ),
+    (
+        "bce with logits",
+        lambda: F.binary_cross_entropy_with_logits(
+            torch.tensor([0.5, -1.0]), torch.tensor([1.0, 0.0])
+        ),
+        "tensor(0.3937)",
+    ),
+    (
+        "softplus",
+        lambda: F.softplus(torch.tensor([-1.0, 0.0, 30.0])),
+        "tensor([ 0.3133,  0.6931, 30.0000])",
+    ),
+    (
+        "leaky_relu",
+        lambda: F.leaky_relu(torch.tensor([-1.0, 2.0]), 0.1),
+        "tensor([-0.1000,  2.0000])",
+    ),
+    ("elu", lambda: F.elu(torch.tensor([-1.0, 2.0])), "tensor([-0.6321,  2.0000])"),
+    ("normalize", lambda: F.normalize(torch.tensor([[3.0, 4.0]])), "tensor([[0.6000, 0.8000]])"),
+    (
+        "Embedding padding_idx gradient",
+        lambda: _emb_grad(),
+        "tensor([[0., 0.],\n        [1., 1.],\n        [0., 0.]])",
+    ),
+    (
+        "Sequential slicing",
+        lambda: type(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))[:2]).__name__,
+        "'Sequential'",
+    ),
+    (
+        "Sequential(OrderedDict)",
+        lambda: list(
+            dict(nn.Sequential(OrderedDict(fc=nn.Linear(2, 2), act=nn.ReLU())).named_children())
+        ),
+        "['fc', 'act']",
+    ),
+    (
+        "load_state_dict(strict=False)",
+        lambda: tuple(
+            nn.Linear(2, 2).load_state_dict(
+                {"weight": torch.zeros(2, 2), "extra": torch.zeros(1)}, strict=False
+            )
+        ),
+        "(['bias'], ['extra'])",
+    ),
+    (
+        "clip_grad_norm_ dtype",
+        lambda: _clip_norm(torch.float64, 2.0),
+        "(tensor(5., dtype=torch.float64), tensor([0.6000, 0.8000], dtype=torch.float64))",
+    ),
+    (
+        "clip_grad_norm_ inf",
+        lambda: _clip_norm(torch.float32, "inf"),
+        "(tensor(4.), tensor([0.7500, 1.0000]))",
+    ),
+    ("clip_grad_value_", lambda: _clip_value(), "tensor([-1.0000,  0.5000,  1.0000])"),
+    ("Adam step", lambda: _adam_step(), "(tensor([ 0.9000, -2.1000]), 1)"),
+    (
+        "optimizer state_dict holds Tensors",
+        lambda: type(_adam_state()["state"][0]["exp_avg"]).__name__,
+        "'Tensor'",
+    ),
+    (
+        "LambdaLR",
+        lambda: _lrs(lambda o: LR.LambdaLR(o, lambda e: 0.5**e)),
+        "[1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125]",
+    ),
+    ("StepLR", lambda: _lrs(lambda o: LR.StepLR(o, 2, 0.5)), "[1.0, 1.0, 0.5, 0.5, 0.25, 0.25]"),
+    (
+        "LinearLR",
+        lambda: _lrs(lambda o: LR.LinearLR(o, 0.25, total_iters=2)),
+        "[0.25, 0.625, 1.0, 1.0, 1.0, 1.0]",
+    ),
+    (
+        "CosineAnnealingLR",
+        lambda: _lrs(lambda o: LR.CosineAnnealingLR(o, T_max=4)),
+        "[1.0, 0.853553, 0.5, 0.146447, 0.0, 0.146447]",
+    ),
+    (
+        "SequentialLR",
+        lambda: _lrs(
+            lambda o: LR.SequentialLR(
+                o,
+                [LR.LinearLR(o, 0.1, total_iters=2), LR.CosineAnnealingLR(o, T_max=3)],
+                milestones=[2],
+            )
+        ),
+        "[0.1, 0.55, 1.0, 0.75, 0.25, 0.0]",
+    ),
+    ("inference_mode", lambda: _inference(), "False"),
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), [pytest.param(c, e, id=n) for n, c, e in IDIOMS])
+def test_idiom_gives_pytorchs_result(code, expected):
+    assert repr(code()) == expected
+
+
+ERRORS = [
+    ("reversed slice", lambda: torch.arange(4)[::-1], ValueError, "step must be greater than zero"),
+    (
+        "float32 @ float64",
+        lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64),
+        RuntimeError,
+        "expected m1 and m2 to have the same dtype, but got: float != double",
+    ),
+    (
+        "int32 class targets",
+        lambda: F.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 1], dtype=torch.int32)),
+        RuntimeError,
+        "expected target dtype to be Long or Byte",
+    ),
+    (
+        ".numpy() of a tensor that requires grad",
+        lambda: torch.ones(2, requires_grad=True).numpy(),
+        RuntimeError,
+        "Can't call numpy() on Tensor that requires grad",
+    ),
+    (
+        "plain Tensor as a Parameter attribute",
+        lambda: setattr(nn.Linear(3, 4), "weight", torch.ones(4, 3)),
+        TypeError,
+        "cannot assign 'torch.FloatTensor' as parameter 'weight' (torch.nn.Parameter or None expected)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "message"), [pytest.param(*e[1:], id=e[0]) for e in ERRORS]
+)
+def test_code_pytorch_rejects_raises(code, error, message):
+    with pytest.raises(error) as info:
+        code()
+    assert message in str(info.value)
+
+
+# ----------------------------------------------------------------------------- new ops' gradients
+# Every differentiable op added for issue 27, checked in float64 against NumPy and finite
+# differences on hypothesis-drawn shapes.
+
+
+def _log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _scatter_ref(x, y):
+    out, n = x.copy(), x.shape[0]
+    out[np.arange(n), np.arange(n) % x.shape[1]] = y[:, 0]
+    return out
+
+
+def _index_add_ref(x, y):
+    out = x.copy()
+    np.add.at(out, np.arange(x.shape[0]) // 2, y)
+    return out
+
+
+def _w(x):
+    return np.linspace(0.5, 2.0, x.shape[1])
+
+
+def _class_ids(x):
+    return np.arange(x.shape[0]) % x.shape[1]
+
+
+UNARY_NEW = {
+    "sin": (lambda x: x.sin(), np.sin),
+    "cos": (lambda x: torch.cos(x), np.cos),
+    "prod": (lambda x: x.prod(), np.prod),
+    "prod dim": (lambda x: x.prod(-1), lambda x: x.prod(-1)),
+    "prod keepdim": (lambda x: x.prod(0, keepdim=True), lambda x: x.prod(0, keepdims=True)),
+    "logsumexp": (lambda x: x.logsumexp(-1), lambda x: np.log(np.exp(x).sum(-1))),
+    "flip": (lambda x: x.flip(-1), lambda x: np.flip(x, -1)),
+    "max(dim) values": (lambda x: x.max(dim=-1).values, lambda x: x.max(-1)),
+    "min(dim) values": (lambda x: x.min(0, keepdim=True)[0], lambda x: x.min(0, keepdims=True)),
+    "softplus": (F.softplus, lambda x: np.log1p(np.exp(x))),
+    "softplus beta": (lambda x: F.softplus(x, beta=2.0), lambda x: np.log1p(np.exp(2 * x)) / 2),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), lambda x: np.where(x > 0, x, 0.1 * x)),
+    "elu": (F.elu, lambda x: np.where(x > 0, x, np.expm1(x))),
+    "normalize": (
+        lambda x: F.normalize(x, dim=-1),
+        lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True),
+    ),
+    "nan_to_num": (lambda x: x.nan_to_num(), lambda x: x),
+    "where promoted": (lambda x: torch.where(x > 0, x, 1), lambda x: np.where(x > 0, x, 1.0)),
+}
+
+
+@pytest.mark.parametrize("op", UNARY_NEW)
+@given(data=st.data(), shape=shapes(min_dims=1))
+def test_new_unary_op_gradients(op, data, shape):
+    x = data.draw(arrays(shape, min_abs=0.1))  # away from the kinks at 0
+    assume("(dim)" not in op or np.unique(x).size == x.size)  # no ties: no derivative there
+    check_op(*UNARY_NEW[op], x, name=f"{op} {shape}")
+
+
+PAIR_NEW = {
+    "scatter": (
+        lambda x, y: x.scatter(1, torch.tensor(np.arange(x.shape[0]) % x.shape[1])[:, None], y),
+        _scatter_ref,
+    ),
+    "index_add": (
+        lambda x, y: x.index_add(0, torch.tensor(np.arange(x.shape[0]) // 2), y),
+        _index_add_ref,
+    ),
+    "cross_entropy weight": (
+        lambda x, _: F.cross_entropy(x, torch.tensor(_class_ids(x)), weight=torch.tensor(_w(x))),
+        lambda x, _: (
+            -(_w(x)[_class_ids(x)] * _log_softmax(x)[np.arange(len(x)), _class_ids(x)]).sum()
+            / _w(x)[_class_ids(x)].sum()
+        ),
+    ),
+    "cross_entropy probabilities": (
+        F.cross_entropy,
+        lambda x, p: -(p * _log_softmax(x)).sum(-1).mean(),
+    ),
+    "nll_loss ignore_index": (
+        lambda x, _: F.nll_loss(x, torch.tensor([-100, *_class_ids(x)[1:]])),
+        lambda x, _: -x[np.arange(1, len(x)), _class_ids(x)[1:]].mean() if len(x) > 1 else np.nan,
+    ),
+    "bce with logits": (
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y, pos_weight=torch.tensor(2.0)),
+        lambda x, y: (
+            -(2 * y * np.log(1 / (1 + np.exp(-x))) + (1 - y) * np.log(1 - 1 / (1 + np.exp(-x))))
+        ).mean(),
+    ),
+    "outer": (lambda x, y: x[0].outer(y[0]), lambda x, y: np.outer(x[0], y[0])),
+    "mm": (lambda x, y: x.mm(y.T), lambda x, y: x @ y.T),
+}
+
+
+@pytest.mark.parametrize("op", PAIR_NEW)
+@given(data=st.data(), shape=shapes(min_dims=2, max_dims=2, min_side=2))
+def test_new_two_input_op_gradients(op, data, shape):
+    x, y = data.draw(arrays(shape, min_abs=0.1)), data.draw(arrays(shape, min_abs=0.1))
+    check_op(*PAIR_NEW[op], x, y, name=f"{op} {shape}")
+
+
+def test_embedding_padding_row_gets_no_gradient():
+    e = nn.Embedding(4, 3, padding_idx=1)
+    assert np.all(e.weight.detach().numpy()[1] == 0)
+    with torch.no_grad():
+        e.weight[1] = 5.0  # the row's values are still read, only its gradient is zero
+    out = e(torch.tensor([1, 2, 1]))
+    out.sum().backward()
+    assert np.all(out.detach().numpy()[0] == 5.0)
+    np.testing.assert_array_equal(e.weight.grad.numpy()[:, 0], [0.0, 0.0, 1.0, 0.0])
+
+
+def test_mixed_indexing_writes_where_pytorch_reads():
+    x = torch.zeros(2, 3, 4)
+    x[0, :, [1, 2]] = torch.arange(6.0).view(3, 2)
+    np.testing.assert_array_equal(x[0, :, [1, 2]].numpy(), np.arange(6.0).reshape(3, 2))
+    y = torch.arange(24.0).view(2, 3, 4).requires_grad_()
+    y[1, [0, 2], 1:3].sum().backward()
+    assert y.grad.numpy().sum() == 4 and y.grad.numpy()[1, 2, 2] == 1
+
+
+def test_parameter_data_assignment_and_set_to_none():
+    lin = nn.Linear(3, 4)
+    lin.weight.data = torch.zeros(4, 3)  # a Tensor: its array is stored
+    assert isinstance(lin.weight.data, np.ndarray) and lin.weight.detach().numpy().sum() == 0
+    lin.bias = None  # stays a registered (absent) parameter, as PyTorch
+    assert list(dict(lin.named_parameters())) == ["weight"] and lin.bias is None
+    with pytest.raises(TypeError, match="cannot assign 'torch.FloatTensor' as parameter 'bias'"):
+        lin.bias = torch.zeros(4)

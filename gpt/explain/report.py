@@ -416,7 +416,7 @@ def default_follow(model, layer: int, head: int) -> list[tuple[str, str, int, in
 
 
 def _moments(opt, p, i, j):
-    st = opt.state.get(id(p))
+    st = opt.state.get(p)
     if st is None:
         return 0.0, 0.0, 0
     return (float(host(st["exp_avg"])[i, j]), float(host(st["exp_avg_sq"])[i, j]), int(st["step"]))
@@ -540,7 +540,7 @@ def _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_pre
         "weight": float(before[wq_name][i, j]),
         "new_weight": float(host(wq)[i, j]),
     }
-    st = opt.state.get(id(wq))
+    st = opt.state.get(wq)
     if gq is None or st is None:
         el.update(grad=None, skipped=True)
         return el

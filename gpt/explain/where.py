@@ -46,10 +46,10 @@ WHERE: dict[str, list[tuple[str, int, int, str]]] = {
     "probs": [(NN, 48, 63, "class Softmax")],
     "loss": [(MODEL, 257, 257, "F.cross_entropy("), (NN, 112, 136, "class CrossEntropy")],
     # the backward pass and the update
-    "backward": [("tensorgrad/autograd/engine.py", 139, 163, "def run_walk")],
+    "backward": [("tensorgrad/autograd/engine.py", 155, 179, "def run_walk")],
     "wqkv_grad": [("tensorgrad/ops/linalg.py", 87, 94, "gw = matmul(_mT(g2), x2)")],
     "embedding_grad": [(NN, 252, 254, "return add_at(self.wshape, idx")],
-    "adamw": [("tensorgrad/optim.py", 190, 206, "def adamw_update")],
+    "adamw": [("tensorgrad/optim/__init__.py", 205, 221, "def adamw_update")],
     "finite_differences": [("gpt/explain/checks.py", 59, 116, "def finite_differences")],
     "loss_change": [("gpt/explain/checks.py", 119, 141, "def loss_change")],
 }

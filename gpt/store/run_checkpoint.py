@@ -44,8 +44,8 @@ def optimizer_arrays(optimizer) -> tuple[dict, dict]:
     sd = optimizer.state_dict()
     arrays, steps = {}, {}
     for i, st in sd["state"].items():
-        arrays[f"state.{i}.exp_avg"] = st["exp_avg"]
-        arrays[f"state.{i}.exp_avg_sq"] = st["exp_avg_sq"]
+        arrays[f"state.{i}.exp_avg"] = tg.as_array(st["exp_avg"])
+        arrays[f"state.{i}.exp_avg_sq"] = tg.as_array(st["exp_avg_sq"])
         steps[str(i)] = int(st["step"])
     groups = [dict(g, betas=list(g["betas"])) for g in sd["param_groups"]]
     return arrays, {"param_groups": groups, "steps": steps}

@@ -3,7 +3,7 @@
 modules.py     Module, Parameter and the layers a GPT is made of
 functional.py  the same functions as ``tensorgrad.functional`` (``torch.nn.functional``)
 init.py        in-place initialisers (``nn.init.normal_``, ...)
-utils.py       ``clip_grad_norm_``
+utils.py       ``clip_grad_norm_``, ``clip_grad_value_``
 parallel.py    ``DistributedDataParallel``
 """
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 import numpy as np
 
 from .. import functional as F
 from ..autograd import RemovableHandle
 from ..backend import get_array_module, rng, to_device
-from ..tensor import DEFAULT_DTYPE, Tensor, _to_args
+from ..tensor import DEFAULT_DTYPE, Tensor, to_args
 
 
 class Parameter(Tensor):
@@ -25,6 +25,21 @@ class Parameter(Tensor):
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
+
+
+_TENSOR_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long"}
+_TENSOR_TYPES.update(int32="Int", int16="Short", int8="Char", uint8="Byte", bool="Bool")
+
+
+def _type_name(value) -> str:
+    """PyTorch's name for the type of ``value`` in its messages (torch.FloatTensor, int)."""
+    if isinstance(value, Tensor):
+        return f"torch.{_TENSOR_TYPES.get(value.dtype.name, '')}Tensor"
+    return type(value).__name__
+
+
+class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    """What load_state_dict(strict=False) did not match: ``missing_keys``, ``unexpected_keys``."""
 
 
 class Module:
@@ -46,6 +61,15 @@ class Module:
             and not isinstance(value, Parameter)
         ):
             self._buffers[name] = value  # self.mask = new_tensor replaces the buffer
+            object.__setattr__(self, name, value)
+            return
+        if name in self._parameters and not (value is None or isinstance(value, Parameter)):
+            raise TypeError(
+                f"cannot assign '{_type_name(value)}' as parameter '{name}' "
+                "(torch.nn.Parameter or None expected)"
+            )
+        if name in self._parameters and value is None:
+            self._parameters[name] = None  # stays registered, as PyTorch (bias=None)
             object.__setattr__(self, name, value)
             return
         self._parameters.pop(name, None)
@@ -183,7 +207,7 @@ class Module:
         seen = set()
         for mname, m in self._walk(prefix):
             for n, p in m._parameters.items():
-                if remove_duplicate and id(p) in seen:
+                if p is None or (remove_duplicate and id(p) in seen):
                     continue
                 seen.add(id(p))
                 yield (f"{mname}.{n}" if mname else n), p
@@ -213,10 +237,23 @@ class Module:
         def view(t):
             return views.setdefault(id(t), t.detach())
 
-        sd = OrderedDict((n, view(p)) for n, p in self.named_parameters(remove_duplicate=False))
-        for n, b in self._persistent_buffers():
-            sd[n] = view(b)
+        sd = OrderedDict((n, view(t)) for n, t in self._state_items())
+        for n, p in self.named_parameters(remove_duplicate=False):  # names a subclass adds
+            if n not in sd:
+                sd[n] = view(p)
         return sd
+
+    def _state_items(self):
+        """(name, tensor) of every parameter and persistent buffer: each module's own
+        parameters, then its own buffers, then its children's, as PyTorch orders them."""
+        for mname, m in self._walk():
+            pre = f"{mname}." if mname else ""
+            for n, p in m._parameters.items():
+                if p is not None:
+                    yield pre + n, p
+            for n, b in m._buffers.items():
+                if b is not None and n not in m._non_persistent:
+                    yield pre + n, b
 
     def load_state_dict(self, state: dict, strict: bool = True):
         """Copy arrays (or Tensors) into the parameters and persistent buffers, checking names
@@ -224,16 +261,16 @@ class Module:
 
         Raises KeyError listing missing/unexpected names (when strict) and ValueError
         listing shape mismatches; nothing is modified unless every check passes.
-        Returns (missing, unexpected).
+        Returns (missing_keys, unexpected_keys), a named tuple as PyTorch's.
         """
-        own = OrderedDict(self.named_parameters(remove_duplicate=False))
-        own.update(self._persistent_buffers())
+        own = OrderedDict(self._state_items())
+        own.update(self.named_parameters(remove_duplicate=False))
         missing = [n for n in own if n not in state]
         unexpected = [n for n in state if n not in own]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         bad = [
-            f"{n}: checkpoint {tuple(np.shape(v))} vs model {p.shape}"
+            f"{n}: checkpoint {tuple(np.shape(v))} vs model {tuple(p.shape)}"
             for n, v in state.items()
             if n in own and tuple(np.shape(v)) != (p := own[n]).shape
         ]
@@ -247,7 +284,7 @@ class Module:
                 arr = get_array_module(arr).array(arr, dtype=p.dtype, order="C", copy=True)
                 p.data = to_device(arr, p.device)
                 p._version[0] += 1
-        return missing, unexpected
+        return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------ modes
     def train(self, mode: bool = True):
@@ -275,7 +312,7 @@ class Module:
         """Move and/or cast every parameter and buffer in place, as PyTorch's forms: to(device),
         to(dtype), to(device, dtype), to(tensor). A dtype casts floating-point ones only.
         Returns self."""
-        device, dtype = _to_args(args, kwargs)
+        device, dtype = to_args(args, kwargs)
         tensors = list(self.parameters()) + list(self.buffers())
         for t in tensors:
             arr = t.data
@@ -394,18 +431,28 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    """Rows of ``weight`` (num_embeddings, embedding_dim), N(0, 1) at init; the row at
+    ``padding_idx`` starts at zero and gets no gradient."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(
-            rng("cpu").standard_normal((num_embeddings, embedding_dim), dtype=DEFAULT_DTYPE)
-        )
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise AssertionError("Padding_idx must be within num_embeddings")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
+        w = rng("cpu").standard_normal((num_embeddings, embedding_dim), dtype=DEFAULT_DTYPE)
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        self.weight = Parameter(w)
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight, self.padding_idx)
 
     def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class LayerNorm(Module):
@@ -426,21 +473,23 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
-        return f"{self.normalized_shape}, eps={self.eps}"
+        affine = self.weight is not None
+        bias = f", bias={self.bias is not None}" if affine else ""
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={affine}{bias}"
 
 
 class Dropout(Module):
-    def __init__(self, p: float = 0.5):
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
-        self.p = p
+        self.p, self.inplace = p, inplace  # inplace is accepted; the result is a new tensor
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
 
     def extra_repr(self):
-        return f"p={self.p}"
+        return f"p={self.p}, inplace={self.inplace}"
 
 
 class GELU(Module):
@@ -451,6 +500,9 @@ class GELU(Module):
     def forward(self, x):
         return F.gelu(x, self.approximate)
 
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
+
 
 class ReLU(Module):
     def forward(self, x):
@@ -458,13 +510,26 @@ class ReLU(Module):
 
 
 class Sequential(ModuleList):
+    """Modules applied in order; ``Sequential(OrderedDict(name=module))`` names them, and a
+    slice is a Sequential of the same modules."""
+
+    def __init__(self, *modules):
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            Module.__init__(self)
+            for name, m in modules[0].items():
+                setattr(self, name, m)
+        else:
+            super().__init__(modules)
+
     def forward(self, x):
         for m in self:
             x = m(x)
         return x
 
-    def __init__(self, *modules):
-        super().__init__(modules)
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[i]))
+        return super().__getitem__(i)
 
 
 class Identity(Module):

@@ -16,6 +16,7 @@ from ..backend import get_array_module
 from . import elementwise as E
 from . import linalg, reduce
 from . import shape as S
+from . import unary as U
 
 
 def _data(a):
@@ -41,6 +42,8 @@ class TensorXP:
     sqrt = staticmethod(E.Sqrt.apply)
     tanh = staticmethod(E.Tanh.apply)
     abs = staticmethod(E.Abs.apply)
+    sin = staticmethod(U.Sin.apply)
+    cos = staticmethod(U.Cos.apply)
 
     def where(self, cond, x, y):
         return E.Where.apply(_data(cond), x, y)
@@ -82,7 +85,9 @@ class TensorXP:
         return S.Expand.apply(a, tuple(shape))
 
     def flip(self, a, axis):
-        return S.GetItem.apply(a, (slice(None),) * (axis % a.ndim) + (slice(None, None, -1),))
+        for ax in axis if isinstance(axis, (tuple, list)) else (axis,):
+            a = S.GetItem.apply(a, (slice(None),) * (ax % a.ndim) + (slice(None, None, -1),))
+        return a
 
     def concatenate(self, xs, axis=0):
         return S.Cat.apply(*xs, dim=axis)

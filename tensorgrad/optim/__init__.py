@@ -1,4 +1,5 @@
-"""Optimizers, as ``torch.optim``: ``Optimizer`` (param groups, state dicts), ``SGD``, ``AdamW``.
+"""Optimizers, as ``torch.optim``: ``Optimizer`` (param groups, state dicts), ``SGD``, ``Adam``,
+``AdamW``; learning-rate schedules in ``lr_scheduler``.
 
 Each update is written once, as the published formula on arrays (``sgd_update``,
 ``adamw_update``); a faster implementation of the AdamW update (one cache-sized pass
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import math
 
-from . import kernels
-from .backend import device_of, get_array_module, to_device
+from .. import kernels
+from ..backend import device_of, get_array_module, to_device
+from ..tensor import Tensor, as_array
 
 
 class Optimizer:
@@ -25,7 +27,7 @@ class Optimizer:
         if not isinstance(params[0], dict):
             params = [{"params": params}]
         self.param_groups: list[dict] = []
-        self.state: dict[int, dict] = {}  # id(param) -> that parameter's state
+        self.state: dict = {}  # parameter -> its state (arrays), as opt.state[p] in PyTorch
         for g in params:
             self.add_param_group(g)
 
@@ -80,7 +82,7 @@ class Optimizer:
             d["params"] = list(range(start, start + len(g["params"])))
             start += len(g["params"])
             groups.append(d)
-        state = {index[k]: dict(v) for k, v in self.state.items() if k in index}
+        state = {index[id(p)]: _tensors(st) for p, st in self.state.items() if id(p) in index}
         return {"param_groups": groups, "state": state}
 
     def load_state_dict(self, sd: dict) -> None:
@@ -101,19 +103,32 @@ class Optimizer:
             new = {}
             for k, v in st.items():
                 if hasattr(v, "shape"):
+                    v = as_array(v)
                     if tuple(v.shape) != p.shape:
                         raise ValueError(
                             f"{name}.load_state_dict: state {k!r} of shape {tuple(v.shape)} does "
-                            f"not match parameter {i} of shape {p.shape}"
+                            f"not match parameter {i} of shape {tuple(p.shape)}"
                         )
                     v = to_device(get_array_module(v).asarray(v, dtype=p.dtype), p.device).copy()
                 elif k == "step":
                     v = int(v)
                 new[k] = v
-            self.state[id(p)] = new
+            self.state[p] = new
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(g.items()) if k != "params"]
+        return "\n".join(lines) + "\n)"
 
     def _bump(self, p) -> None:
         p._version[0] += 1  # the parameter changed in place: graphs that saved it are stale
+
+
+def _tensors(st: dict) -> dict:
+    """A parameter's state with its arrays as Tensors (sharing memory), as PyTorch's."""
+    return {k: (Tensor(v, dtype=v.dtype) if hasattr(v, "shape") else v) for k, v in st.items()}
 
 
 # ----------------------------------------------------------------------------- SGD
@@ -165,7 +180,7 @@ class SGD(Optimizer):
 
     def step(self) -> None:
         for group, p, g, x in self._updated():
-            st = self.state.setdefault(id(p), {"step": 0})
+            st = self.state.setdefault(p, {"step": 0})
             first = "momentum_buffer" not in st
             if group["momentum"] and first:
                 st["momentum_buffer"] = get_array_module(x).zeros_like(x)
@@ -241,15 +256,16 @@ class AdamW(Optimizer):
     def step(self) -> None:
         for group, p, g, x in self._updated():
             xp = get_array_module(x)
-            st = self.state.get(id(p))
+            st = self.state.get(p)
             if st is None:
-                st = self.state[id(p)] = {
+                st = self.state[p] = {
                     "step": 0,
                     "exp_avg": xp.zeros_like(x),
                     "exp_avg_sq": xp.zeros_like(x),
                 }
             st["step"] += 1
             m, v = st["exp_avg"], st["exp_avg_sq"]
+            g, wd = self._decay(g, x, group["weight_decay"])
             update = kernels.pick("adamw", device_of(x), x, g, m, v) or adamw_update
             b1, b2 = group["betas"]
             update(
@@ -261,7 +277,28 @@ class AdamW(Optimizer):
                 b1=b1,
                 b2=b2,
                 eps=group["eps"],
-                wd=group["weight_decay"],
+                wd=wd,
                 step=st["step"],
             )
             self._bump(p)
+
+    @staticmethod
+    def _decay(g, x, wd):
+        """(gradient, decoupled decay): AdamW decays the weights apart from the gradient."""
+        return g, wd
+
+
+class Adam(AdamW):
+    """Adam: as AdamW, but ``weight_decay`` (0 by default) is L2, added to the gradient before
+    the moments (torch.optim.Adam)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, fused: bool | None = None):  # fmt: skip
+        super().__init__(params, lr, betas, eps, weight_decay, fused)
+
+    @staticmethod
+    def _decay(g, x, wd):
+        return (g + wd * x if wd else g), 0.0
+
+
+from . import lr_scheduler  # noqa: E402, F401  (torch.optim.lr_scheduler; imports nothing from here)

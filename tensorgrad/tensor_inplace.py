@@ -1,0 +1,396 @@
+"""In-place writes and views: how ``x += y``, ``x[k] = v``, ``fill_`` and friends change a
+tensor's memory, and how views that share that memory stay consistent.
+
+``InPlace`` is a base class of ``Tensor`` holding these methods, so that tensor.py reads as the
+operators a learner needs first. Views (slices, view, transpose, split, ...) that really share
+their base's memory share its version counter and remember the base and how to find their region
+in it. So, as in PyTorch, an in-place write through a view of a leaf that requires grad raises,
+and one into any other tensor in the graph (or a view of it) is recorded: the base takes a
+WriteView node and its views ReadView nodes of it (``ops/shape.py``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .autograd import is_grad_enabled
+from .backend import (
+    device_of,
+    get_array_module,
+    parse_device,
+    rng,
+    shares_memory,
+    to_device,
+    xp_for,
+)
+from .indexing import index_steps
+from .ops import elementwise as E
+from .ops import shape as shape_ops
+from .ops.dims import wrap_dim
+
+
+def as_array(x, dtype=None, device=None):
+    """The backend array behind ``x`` (a Tensor, an array, a list or a scalar)."""
+    if isinstance(x, InPlace):
+        return x.data
+    if device is not None and parse_device(device) == "cuda":
+        return xp_for("cuda").asarray(x, dtype=dtype)
+    if device_of(x) != "cpu":  # already a GPU array (CuPy, or a registered stand-in)
+        return x if dtype is None else x.astype(dtype, copy=False)
+    return np.asarray(x, dtype=dtype)
+
+
+def tracked(value) -> bool:
+    """Whether a fill value is a tensor whose gradient must be recorded."""
+    return isinstance(value, InPlace) and value.requires_grad and is_grad_enabled()
+
+
+def scalar_value(op: str, value):
+    """A fill value tensor, which must be 0-d (as PyTorch's)."""
+    if value.ndim:
+        raise RuntimeError(
+            f"{op} only supports a 0-dimensional value tensor, but got tensor with "
+            f"{value.ndim} dimension(s)"
+        )
+    return value
+
+
+class InPlace:
+    """Tensor's in-place and view methods (Tensor subclasses this; it adds no state)."""
+
+    __slots__ = ()
+
+    def _check_inplace(self, op: str):
+        """PyTorch's rule for writing into this tensor's memory while recording: not into a leaf
+        that requires grad, nor through a view of one (its .grad would be of other values)."""
+        if not is_grad_enabled():
+            return
+        if self.requires_grad and self._node is None:
+            raise RuntimeError(
+                f"{op}: a leaf tensor that requires grad is used in an in-place operation; "
+                "wrap it in `with tg.no_grad():` or use an out-of-place op"
+            )
+        base = self._base
+        if base is not None and base.requires_grad and base._node is None:
+            raise RuntimeError(
+                f"{op}: a view of a leaf tensor that requires grad is used in an in-place "
+                "operation; wrap it in `with tg.no_grad():` or use an out-of-place op"
+            )
+
+    def _written(self):
+        self._version[0] += 1
+
+    def _inplace(self, cls, other, op: str, true_divide=False):
+        """x op= y: write the result into x's array, bump its version, adopt the new node."""
+        self._check_inplace(op)
+        return self._adopt(op, self._binary(cls, other, true_divide=true_divide))
+
+    def _adopt(self, op: str, r: InPlace) -> InPlace:
+        """Write the out-of-place result r into self's memory and take over r's graph node,
+        so that later ops (and backward) see self as the result."""
+        if r.shape != self.shape:
+            raise RuntimeError(
+                f"{op}: result shape {tuple(r.shape)} does not fit the tensor's shape {tuple(self.shape)}"
+            )
+        if r.dtype.kind == "f" and self.dtype.kind != "f":
+            raise RuntimeError(
+                f"{op}: result type {r.dtype} can't be cast to the desired output type {self.dtype}"
+            )
+        base = self._base
+        if base is not None and is_grad_enabled() and (base.requires_grad or r.requires_grad):
+            vf = self._view_fn
+            return self._write_through(r.astype(self.dtype), vf, lambda a, v: put_all(vf(a), v))
+        get_array_module(self.data).copyto(self.data, r.data, casting="unsafe")
+        self._written()
+        if r._node is not None:
+            self._node, self._out_index, self._requires_grad = r._node, r._out_index, True
+            r._node.out_meta[r._out_index] = (self.data.shape, self.data.dtype)
+            self._refresh_views(self)
+        return self
+
+    @staticmethod
+    def _refresh_views(base: InPlace, skip: InPlace | None = None) -> None:
+        """After a recorded write into ``base``'s memory, its other live views read the new
+        values: each takes a ReadView node of the rewritten base (as PyTorch regenerates a
+        stale view's grad_fn)."""
+        for w in list(base._views or ()):
+            if w is not skip:
+                r = shape_ops.ReadView.apply(base, get=w._view_fn)
+                w._node, w._out_index, w._requires_grad = r._node, 0, r._node is not None
+
+    def _write_through(self, value: InPlace, get, put) -> InPlace:
+        """A recorded write of ``value`` into the region ``get`` of this tensor's base (or of
+        itself): the base takes a WriteView node and this tensor, when it is a view, a ReadView
+        of it, so that later uses and backward see the new values (PyTorch's rebase)."""
+        target = self._base if self._base is not None else self
+        t = shape_ops.WriteView.apply(target, value, get=get, put=put)
+        self._written()
+        target._node, target._out_index, target._requires_grad = t._node, 0, True
+        self._refresh_views(target)  # this tensor too, when it is a view
+        return self
+
+    def __iadd__(self, o):
+        return self._inplace(E.Add, o, "add_")
+
+    def __isub__(self, o):
+        return self._inplace(E.Sub, o, "sub_")
+
+    def __imul__(self, o):
+        return self._inplace(E.Mul, o, "mul_")
+
+    def __itruediv__(self, o):
+        return self._inplace(E.Div, o, "div_", true_divide=True)
+
+    def add_(self, o, alpha=1):
+        return self._inplace(E.Add, o if alpha == 1 else o * alpha, "add_")
+
+    def sub_(self, o, alpha=1):
+        return self._inplace(E.Sub, o if alpha == 1 else o * alpha, "sub_")
+
+    def mul_(self, o):
+        return self._inplace(E.Mul, o, "mul_")
+
+    def div_(self, o):
+        return self._inplace(E.Div, o, "div_", true_divide=True)
+
+    def _write(self, op: str, fill):
+        """An in-place write of values that need no gradient: ``fill(array)`` changes the
+        array and the version moves. On a tensor in the graph (or a view of one) the write is
+        recorded, so that no gradient flows to the overwritten values."""
+        self._check_inplace(op)
+        base = self._base
+        if self._in_graph():
+            new = self.data.copy()
+            fill(new)
+            vf = self._view_fn if base is not None else identity
+            return self._write_through(self._leaf(new), vf, lambda a, v: put_all(vf(a), v))
+        fill(self.data)
+        self._written()
+        return self
+
+    def __setitem__(self, key, value):
+        self._check_inplace("setitem")
+        xp = get_array_module(self.data)
+        steps = index_steps(key, xp)
+        if len(steps) == 2:  # integers first (a view), then the index arrays, as PyTorch
+            self[steps[0]][steps[1]] = value
+            return
+        k = steps[0]
+        base = self._base
+        if is_grad_enabled() and (
+            self.requires_grad
+            or (base is not None and base.requires_grad)
+            or (isinstance(value, InPlace) and value.requires_grad)
+        ):
+            # recorded: region k of this tensor (of its base, through the view) is replaced
+            v = (
+                value
+                if isinstance(value, InPlace)
+                else self._leaf(to_device(as_array(value), self.device))
+            )
+            vf = self._view_fn
+
+            def get(a):
+                return (a if vf is None else vf(a))[k]
+
+            def put(a, val):
+                (a if vf is None else vf(a))[k] = val
+
+            self._write_through(v.astype(self.dtype), get, put)
+            return
+        v = value.data if isinstance(value, InPlace) else value
+        if isinstance(v, (list, tuple, np.ndarray)) and xp is not np:
+            v = xp.asarray(v)  # host values written into a GPU tensor
+        self.data[k] = v
+        self._written()
+
+    def zero_(self) -> InPlace:
+        return self.fill_(0)
+
+    def fill_(self, value) -> InPlace:
+        if tracked(value):  # recorded, so that the value gets its gradient
+            self[...] = scalar_value("fill_", value)
+            return self
+        v = value.item() if isinstance(value, InPlace) else value
+
+        def fill(a):
+            a[...] = v
+
+        return self._write("fill_", fill)
+
+    def copy_(self, src) -> InPlace:
+        """Copy src's values (broadcast, cast, moved to this device) into this tensor."""
+        if is_grad_enabled() and isinstance(src, InPlace) and src.requires_grad:
+            self[...] = src.to(self.device)  # recorded, as a write of the whole tensor
+            return self
+        xp = get_array_module(self.data)
+        s = to_device(as_array(src), self.device)
+
+        def fill(a):
+            xp.copyto(a, xp.broadcast_to(xp.asarray(s), a.shape), casting="unsafe")
+
+        return self._write("copy_", fill)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0, generator=None) -> InPlace:
+        """Fill with N(mean, std²) samples from the seeded generator (or ``generator``)."""
+        g = rng_of(generator, self.device)
+        draw = (
+            g.standard_normal(self.data.shape, dtype=np.float32)
+            if self.dtype != np.float64
+            else g.standard_normal(self.data.shape)
+        )
+
+        def fill(a):
+            a[...] = draw * std + mean
+
+        return self._write("normal_", fill)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0, generator=None) -> InPlace:
+        """Fill with U[a, b) samples from the seeded generator (or ``generator``)."""
+        g = rng_of(generator, self.device)
+        draw = (
+            g.random(self.data.shape, dtype=np.float32)
+            if self.dtype != np.float64
+            else g.random(self.data.shape)
+        )
+
+        def fill(arr):
+            arr[...] = draw * (b - a) + a
+
+        return self._write("uniform_", fill)
+
+    def masked_fill_(self, mask, value) -> InPlace:
+        m = as_array(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill_: mask must be boolean, got {m.dtype}")
+        if tracked(value):  # recorded, so that the value gets its gradient
+            self[...] = self.masked_fill(m, value)
+            return self
+        v = value.item() if isinstance(value, InPlace) else value
+        if self._in_graph():  # recorded, as x = x.masked_fill(mask, value)
+            self._check_inplace("masked_fill_")
+            return self._adopt("masked_fill_", E.MaskedFill.apply(self, m, v))
+        xp = get_array_module(self.data)
+        return self._write("masked_fill_", lambda a: xp.copyto(a, v, where=m))
+
+    def clamp_(self, min=None, max=None) -> InPlace:
+        if self._in_graph():
+            self._check_inplace("clamp_")
+            # Clamp saves its input: clamp a copy, since self is about to be overwritten
+            return self._adopt("clamp_", self.clone().clamp(min, max))
+        xp = get_array_module(self.data)
+        return self._write("clamp_", lambda a: xp.clip(a, min, max, out=a))
+
+    def _update(self, op: str, fn) -> InPlace:
+        """In place, self becomes ``fn(self)`` (an out-of-place op): recorded when self or the
+        values written take part in autograd."""
+        self._check_inplace(op)
+        return self._adopt(op, fn(self))
+
+    def _in_graph(self) -> bool:
+        """Whether an in-place write to this tensor must be recorded: grad mode is on and it
+        (or the base it is a view of) takes part in autograd."""
+        base = self._base
+        return is_grad_enabled() and (
+            self.requires_grad or (base is not None and base.requires_grad)
+        )
+
+    def _view_of(self, out: InPlace, fn) -> InPlace:
+        """Mark ``out`` as a view of self when it really shares self's memory: it then shares
+        the version counter, remembers the base and, as ``fn`` after self's own, how to find
+        its region in an array shaped like the base (for recorded in-place writes)."""
+        if shares_memory(out.data, self.data):
+            out._version = self._version
+            if self._base is None:
+                out._base, out._view_fn = self, fn
+            else:
+                inner = self._view_fn
+                out._base, out._view_fn = self._base, (lambda a: fn(inner(a)))
+            base = out._base
+            if base._views is None:
+                base._views = weakref.WeakSet()
+            base._views.add(out)  # to re-derive it from the base after an in-place write
+        return out
+
+    def split(self, split_size_or_sections, dim: int = 0):
+        """Pieces of ``split_size`` along dim (the last may be smaller), or of the listed sizes."""
+        if self.ndim == 0:
+            raise RuntimeError("split: a 0-d tensor cannot be split")
+        d = wrap_dim("split", dim, self.ndim)
+        n = self.shape[d]
+        if isinstance(split_size_or_sections, int):
+            step = split_size_or_sections
+            if step <= 0:
+                raise ValueError(f"split: split_size must be positive, got {step}")
+            sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
+        else:
+            sizes = [int(s) for s in split_size_or_sections]
+            if sum(sizes) != n:
+                raise ValueError(f"split: sizes {sizes} do not add up to {n} (dim {dim})")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = shape_ops.Split.apply(self, sizes, d)
+        return tuple(
+            self._view_of(t, indexer((slice(None),) * d + (slice(a, a + n),)))
+            for t, a, n in zip(pieces, starts, sizes)
+        )
+
+    def chunk(self, chunks: int, dim: int = 0):
+        if self.ndim == 0:
+            raise RuntimeError("chunk: a 0-d tensor cannot be chunked")
+        if chunks <= 0:
+            raise RuntimeError(f"chunk: chunks must be positive, got {chunks}")
+        n = self.shape[wrap_dim("chunk", dim, self.ndim)]
+        return self.split(max(-(-n // chunks), 1), dim)
+
+    def unbind(self, dim: int = 0):
+        """The slices along ``dim``, each without that dim."""
+        d = wrap_dim("unbind", dim, self.ndim)
+        return tuple(p.squeeze(d) for p in self.split(1, d))
+
+    def repeat(self, *sizes):
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = tuple(sizes[0])
+        if len(sizes) < self.ndim:
+            raise RuntimeError(
+                "repeat: the number of repeat dims can not be smaller than the "
+                "number of tensor dims"
+            )
+        out = self.reshape(*([1] * (len(sizes) - self.ndim)), *self.shape)
+        for d, r in enumerate(sizes):
+            if r != 1:
+                out = shape_ops.Cat.apply(*([out] * r), dim=d)
+        return out
+
+
+# how a view finds its region in an array shaped like its base (composed along view chains)
+def reshaper(shape):
+    return lambda a: a.reshape(shape)
+
+
+def permuter(dims):
+    return lambda a: a.transpose(dims)
+
+
+def expander(shape):
+    return lambda a: get_array_module(a).broadcast_to(a, shape)
+
+
+def indexer(key):
+    return lambda a: a[key]
+
+
+def put_all(a, v):
+    a[...] = v
+
+
+def identity(a):
+    return a
+
+
+def rng_of(generator, device: str):
+    """The random generator to draw from: ``generator`` (a tg.Generator) or the seeded one."""
+    if generator is None:
+        return rng(device)
+    return generator.rng(device)
