@@ -62,9 +62,9 @@ UNARY = {
     "relu": (lambda x: x.relu() * x, {"min_abs": 0.3}),
     "x**3": (lambda x: x**3, {}),
     "2**x": (lambda x: 2.0**x, {}),
-    "clamp": (lambda x: x.clamp(-1.0, 1.0) * x, {"min_abs": 0.3}),
+    "clamp": (lambda x: x.clamp(-1.2345, 0.8765) * x, {"min_abs": 0.3}),  # bounds no draw hits
     "where": (lambda x: tg.where(x > 0, x * x, x.exp()), {"min_abs": 0.3}),
-    "masked_fill": (lambda x: x.masked_fill(x.data > 0.5, 0.0) * x, {"min_abs": 0.3}),
+    "masked_fill": (lambda x: x.masked_fill(x.data > 0.4321, 0.0) * x, {"min_abs": 0.3}),
     "sum": (lambda x: x.sum(-1) ** 2, {}),
     "mean": (lambda x: x.mean(0, keepdim=True) ** 2, {}),
     "var": (lambda x: x.var(-1), {}),
@@ -74,6 +74,16 @@ UNARY = {
     "expand": (lambda x: x[:, :1].expand(-1, 4) ** 2, {}),
     "getitem": (lambda x: x[1:, ::2] ** 2, {}),
     "flip": (lambda x: x.flip(-1) ** 2, {}),
+    "flip dims": (lambda x: x.flip((0, 1)) * x, {}),
+    "sin": (lambda x: x.sin() * x, {}),
+    "cos": (lambda x: x.cos() * x, {}),
+    "prod": (lambda x: x.prod(-1) * x.sum(), {}),
+    "prod all": (lambda x: x.prod() * x, {}),
+    "clamp tensor bounds": (
+        lambda x: x.clamp(min=x[:1] * 0.1 - 0.5432, max=x[:1] * 0.1 + 0.5678) * x,
+        {},
+    ),
+    "masked_fill value": (lambda x: x.masked_fill(x.data > 0.4321, x[0, 0]) * x, {"min_abs": 0.3}),
     "getitem ids": (lambda x: x[np.array([0, 1, 1])] ** 2, {}),
     "clone": (lambda x: x.clone() ** 2, {}),
     "contiguous": (lambda x: x.T.contiguous() ** 2, {}),
@@ -93,7 +103,7 @@ UNARY = {
 
 
 ELEMENTWISE = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "relu", "x**3", "2**x"}
-ELEMENTWISE |= {"clamp", "where", "masked_fill", "clone"}
+ELEMENTWISE |= {"clamp", "where", "masked_fill", "clone", "sin", "cos"}
 
 
 @pytest.mark.parametrize("op", UNARY)
