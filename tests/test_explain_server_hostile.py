@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_readme import check, claims
 
 import tensorgrad as tg
 from gpt.config import GPTConfig
@@ -269,22 +268,6 @@ def test_serving_beyond_loopback_needs_allow_remote(host, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--serve", "--host", host])
     assert e.value.code == 2 and "--allow-remote" in capsys.readouterr().err
-
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "explain-serve.md"
-
-
-BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-
-
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_the_docs_example_runs(code, capsys):
-    exec(compile(code, str(DOC), "exec"), {"__name__": "__doc_example__"})
-    out = capsys.readouterr().out.strip().splitlines()
-    said = claims(code)
-    assert said and len(out) == len(said)
-    for claim, line in zip(said, out):
-        check(claim, line)
 
 
 CHROMIUM = "/usr/bin/chromium"
