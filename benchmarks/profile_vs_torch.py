@@ -26,11 +26,20 @@ from pathlib import Path
 from .common import SHAPES
 
 ROOT = Path(__file__).resolve().parent.parent
-CATEGORIES = ("GEMMs (Linear)", "attention", "GELU", "LayerNorm", "cross-entropy", "embedding")
+CATEGORIES = (
+    "fused GPT-2 blocks",
+    "GEMMs (Linear)",
+    "attention",
+    "GELU",
+    "LayerNorm",
+    "cross-entropy",
+    "embedding",
+)
 ADAMW, REST = "AdamW step", "rest (views, copies, adds, autograd, Python)"
 
 # substrings of tensorgrad Function names / PyTorch aten op names, per category
 _TG = {
+    "fused GPT-2 blocks": ("GPT2Block",),  # everything inside a block, when its kernel runs
     "GEMMs (Linear)": ("Linear", "MatMul", "Matmul"),
     "attention": ("Attention",),
     "GELU": ("Gelu",),
@@ -39,6 +48,7 @@ _TG = {
     "embedding": ("Embedding",),
 }
 _TORCH = {
+    "fused GPT-2 blocks": (),
     "GEMMs (Linear)": ("aten::mm", "aten::addmm", "aten::bmm"),
     "attention": ("scaled_dot_product",),
     "GELU": ("gelu",),

@@ -69,7 +69,7 @@ from .tensor import Size, Tensor, as_array
 from .types import as_dtype, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
-    from .kernels import cpu_numba, cpu_numba_attention  # noqa: F401  (register kernels)
+    from .kernels import cpu_gpt2_block, cpu_numba, cpu_numba_attention  # noqa: F401  (register)
 except ImportError:
     cpu_numba = None
 

@@ -15,10 +15,10 @@ NN = "tensorgrad/ops/nn.py"
 
 WHERE: dict[str, list[tuple[str, int, int, str]]] = {
     # the forward pass, in the model and in the reference ops
-    "tok_emb": [(MODEL, 242, 242, "self.transformer.wte(idx)"), (NN, 238, 254, "class Embedding")],
-    "pos_emb": [(MODEL, 242, 242, "self.transformer.wpe(pos)")],
-    "x": [(MODEL, 242, 242, "self.transformer.wte(idx) + self.transformer.wpe(pos)")],
-    "ln_1": [(MODEL, 103, 103, "self.ln_1(x)"), (NN, 150, 175, "class LayerNorm")],
+    "tok_emb": [(MODEL, 244, 244, "self.transformer.wte(idx)"), (NN, 238, 254, "class Embedding")],
+    "pos_emb": [(MODEL, 244, 244, "self.transformer.wpe(pos)")],
+    "x": [(MODEL, 244, 244, "self.transformer.wte(idx) + self.transformer.wpe(pos)")],
+    "ln_1": [(MODEL, 105, 105, "self.ln_1(x)"), (NN, 150, 175, "class LayerNorm")],
     "qkv": [
         (MODEL, 57, 57, "self.c_attn(x)"),
         ("tensorgrad/ops/linalg.py", 63, 89, "class Linear"),
@@ -35,16 +35,16 @@ WHERE: dict[str, list[tuple[str, int, int, str]]] = {
     "att_out": [(MODEL, 75, 75, "y = att @ v")],
     "merged": [(MODEL, 76, 76, "y.transpose(1, 2).contiguous().view(B, T, C)")],
     "attn_proj": [(MODEL, 77, 77, "self.c_proj(y)")],
-    "resid_1": [(MODEL, 103, 103, "x = x + self.attn(self.ln_1(x)")],
-    "ln_2": [(MODEL, 104, 104, "self.ln_2(x)"), (NN, 150, 175, "class LayerNorm")],
+    "resid_1": [(MODEL, 105, 105, "x = x + self.attn(self.ln_1(x)")],
+    "ln_2": [(MODEL, 106, 106, "self.ln_2(x)"), (NN, 150, 175, "class LayerNorm")],
     "fc": [(MODEL, 89, 89, "self.c_fc(x)")],
     "gelu": [(MODEL, 89, 89, "self.gelu("), (NN, 184, 212, "class Gelu")],
     "mlp_proj": [(MODEL, 89, 89, "self.c_proj(self.gelu(self.c_fc(x)))")],
-    "resid_2": [(MODEL, 104, 104, "return x + self.mlp(self.ln_2(x))")],
-    "ln_f": [(MODEL, 248, 248, "self.transformer.ln_f(x)")],
-    "logits": [(MODEL, 251, 251, "F.linear(x, self.unembedding)")],
+    "resid_2": [(MODEL, 106, 106, "return x + self.mlp(self.ln_2(x))")],
+    "ln_f": [(MODEL, 250, 250, "self.transformer.ln_f(x)")],
+    "logits": [(MODEL, 253, 253, "F.linear(x, self.unembedding)")],
     "probs": [(NN, 48, 63, "class Softmax")],
-    "loss": [(MODEL, 257, 257, "F.cross_entropy("), (NN, 112, 136, "class CrossEntropy")],
+    "loss": [(MODEL, 259, 259, "F.cross_entropy("), (NN, 112, 136, "class CrossEntropy")],
     # the backward pass and the update
     "backward": [("tensorgrad/autograd/engine.py", 155, 179, "def run_walk")],
     "wqkv_grad": [("tensorgrad/ops/linalg.py", 87, 94, "gw = matmul(_mT(g2), x2)")],

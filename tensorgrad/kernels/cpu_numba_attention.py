@@ -152,7 +152,7 @@ PROBS_AGAIN = (_probs_again_par, _probs_again_ser)
 DSCORES = (_dscores_par, _dscores_ser)
 
 
-def _strips(BH: int, L: int, S: int):
+def strips(BH: int, L: int, S: int):
     """Query strips [i0, i1) of at most STRIP_BYTES of scores each: a power of two of 16 to
     256 rows (more rows waste more of the causal triangle, fewer make thin GEMMs)."""
     rows = STRIP_BYTES // max(1, BH * S * 4)
@@ -240,7 +240,7 @@ class NumbaFlashAttention(Op):
         lse = np.empty((BH, L), F32)
 
         def heads(h0, h1, serial):
-            for i0, i1 in _strips(h1 - h0, L, S):
+            for i0, i1 in strips(h1 - h0, L, S):
                 n = min(S, i1 + off) if causal else S  # keys this strip may see
                 if n <= 0:
                     o[h0:h1, i0:i1] = 0
@@ -269,7 +269,7 @@ class NumbaFlashAttention(Op):
         gk, gv = np.zeros_like(k3), np.zeros_like(v3)
 
         def heads(h0, h1, serial):
-            for i0, i1 in _strips(h1 - h0, L, S):
+            for i0, i1 in strips(h1 - h0, L, S):
                 n = min(S, i1 + off) if causal else S
                 if n <= 0:
                     gq[h0:h1, i0:i1] = 0

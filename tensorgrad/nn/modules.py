@@ -138,6 +138,10 @@ class Module:
         the output (what interpretability code uses to read or patch an activation)."""
         return self._add_hook("_forward_hooks", hook)
 
+    def has_forward_hooks(self) -> bool:
+        """Whether forward hooks or pre-hooks are registered on this module (not its children)."""
+        return bool(self.__dict__.get("_forward_pre_hooks") or self.__dict__.get("_forward_hooks"))
+
     def _add_hook(self, kind: str, hook) -> RemovableHandle:
         hooks = self.__dict__.get(kind)
         if hooks is None:

@@ -1,0 +1,186 @@
+"""The fused GPT-2 block on the CPU, forward and backward, as one graph node (llm.c's layout).
+
+``tensorgrad.functional.gpt2_block`` runs this kernel for float32 NumPy inputs with every
+parameter present and the tanh GELU; its reference is the composition of layer_norm,
+linear, attention and gelu (``gpt2_block_reference``), which runs everywhere else. Per block:
+
+    forward:  h1 = LN1(x)                        numba, one pass (keeps mean, 1/std)
+              qkv = h1·Waᵀ + ba                  BLAS GEMM, bias added in place
+              y = attention(q, k, v)             q, k, v read as strided views of qkv
+              x1 = x + y·Wpᵀ + bp; h2 = LN2(x1)  GEMM, then one numba pass
+              f = h2·Wfᵀ + bf; a = GELU(f)       GEMM, then one numba pass (bias into f)
+              out = x1 + a·Wmᵀ + bm              GEMM, then one numba pass
+    backward: the same in reverse, each bias / LayerNorm-parameter gradient summed inside
+              the numba pass that already reads its rows, residual gradients added there too.
+
+The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
+probabilities recomputed in backward from the logsumexp), on (B, nh, T, hs) views of the
+(B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
+with a leading dimension. Saves the inputs (for a create_graph replay) and, as its own
+state, h1, qkv, y, x1, h2, f, GELU(f) and the row statistics, as llm.c does.
+Under ``create_graph`` the backward replays the reference composition and differentiates it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd import Op, enable_grad, grad
+from ..functional import GPT2_BLOCK_PARAMS, gpt2_block_reference
+from ..tensor import Tensor
+from . import register
+from .cpu_numba import numpy_array, threads_for
+from .cpu_numba_attention import DSCORES, PROBS, PROBS_AGAIN, strips
+from .cpu_numba_block import (
+    bias_gelu_fwd,
+    gelu_bwd_bias,
+    ln_bwd_residual,
+    ln_fwd,
+    residual_bias_add,
+    residual_ln_fwd,
+)
+
+F32 = np.float32
+PARTS = 16  # row blocks of the column sums (fixed: the same sums on any thread count)
+
+
+def _when(x, *params, n_head, eps=1e-5, approximate="tanh"):
+    xa = numpy_array(x)
+    if xa is None or xa.dtype != F32 or xa.ndim != 3 or not xa.flags.c_contiguous:
+        return False
+    B, T, C = xa.shape
+    if xa.size == 0 or approximate != "tanh" or C % n_head:
+        return False
+    shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
+    shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
+    for p, shape in zip(params, shapes):
+        pa = numpy_array(p)
+        if pa is None or pa.dtype != F32 or pa.shape != shape or not pa.flags.c_contiguous:
+            return False
+    return len(params) == len(GPT2_BLOCK_PARAMS)
+
+
+def _heads(a, B, T, nh, hs, parts: int):
+    """(B, T, parts·C) rows -> ``parts`` (B, nh, T, hs) views (no copies)."""
+    a5 = a.reshape(B, T, parts, nh, hs)
+    return [a5[:, :, i].transpose(0, 2, 1, 3) for i in range(parts)]
+
+
+def attention_fwd(qkv, y, lse, shape, scale):
+    """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C);
+    lse (B·nh, T) the logsumexp per query."""
+    B, T, nh, hs = shape
+    q, k, v = _heads(qkv, B, T, nh, hs, 3)
+    (o,) = _heads(y, B, T, nh, hs, 1)
+    BH = B * nh
+    for i0, i1 in strips(BH, T, T):
+        p = np.matmul(q[:, :, i0:i1], k[:, :, :i1].transpose(0, 1, 3, 2))  # (B, nh, r, i1)
+        PROBS[0](p.reshape(BH, i1 - i0, i1), scale, i0, 0, True, lse[:, i0:i1])
+        np.matmul(p, v[:, :, :i1], out=o[:, :, i0:i1])
+
+
+def attention_bwd(qkv, y, dy, lse, shape, scale, dqkv):
+    """dqkv (B·T, 3C, zeros on entry) <- the gradients of q, k, v given dy (B·T, C)."""
+    B, T, nh, hs = shape
+    q, k, v = _heads(qkv, B, T, nh, hs, 3)
+    gq, gk, gv = _heads(dqkv, B, T, nh, hs, 3)
+    (o,) = _heads(y, B, T, nh, hs, 1)
+    (g,) = _heads(dy, B, T, nh, hs, 1)
+    BH = B * nh
+    d = np.einsum("bhtd,bhtd->bht", g, o).reshape(BH, T)  # rowsum(g·o) per query
+    for i0, i1 in strips(BH, T, T):
+        qs, gs, ks, vs = q[:, :, i0:i1], g[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1]
+        p = np.matmul(qs, ks.transpose(0, 1, 3, 2))  # (B, nh, r, i1)
+        p3 = p.reshape(BH, i1 - i0, i1)
+        PROBS_AGAIN[0](p3, scale, i0, 0, True, lse[:, i0:i1])
+        gv[:, :, :i1] += np.matmul(p.transpose(0, 1, 3, 2), gs)
+        dp = np.matmul(gs, vs.transpose(0, 1, 3, 2))
+        DSCORES[0](p3, dp.reshape(p3.shape), d[:, i0:i1], scale)
+        np.matmul(dp, ks, out=gq[:, :, i0:i1])
+        gk[:, :, :i1] += np.matmul(dp.transpose(0, 1, 3, 2), qs)
+
+
+def _sums(parts):
+    return parts.sum(axis=0)
+
+
+@register("gpt2_block", "cpu", name="cpu.numba.gpt2_block", when=_when)
+class NumbaGPT2Block(Op):
+    """The whole GPT-2 block (tensorgrad.functional.gpt2_block) for float32 on the CPU."""
+
+    def forward(self, x, *params, n_head, eps=1e-5, approximate="tanh"):
+        with threads_for(x.size):
+            return self.forward_block(x, *params, n_head=n_head, eps=eps, approximate=approximate)
+
+    def forward_block(self, x, *params, n_head, eps, approximate):
+        l1w, l1b, aw, ab, pw, pb, l2w, l2b, fw, fb, mw, mb = params
+        B, T, C = x.shape
+        N, nh, e = B * T, n_head, F32(eps)
+        shape, scale = (B, T, nh, C // nh), F32(1 / math.sqrt(C // nh))
+        x2 = x.reshape(N, C)
+        h1, m1, r1 = np.empty((N, C), F32), np.empty(N, F32), np.empty(N, F32)
+        ln_fwd(x2, l1w, l1b, e, h1, m1, r1)
+        qkv = np.matmul(h1, aw.T)  # (N, 3C)
+        qkv += ab
+        y, lse = np.empty((N, C), F32), np.empty((B * nh, T), F32)
+        attention_fwd(qkv, y, lse, shape, scale)
+        x1 = np.matmul(y, pw.T)  # (N, C): the projection, then the residual stream in place
+        h2, m2, r2 = np.empty((N, C), F32), np.empty(N, F32), np.empty(N, F32)
+        residual_ln_fwd(x2, x1, pb, l2w, l2b, e, x1, h2, m2, r2)
+        f = np.matmul(h2, fw.T)  # (N, 4C)
+        a = np.empty_like(f)
+        bias_gelu_fwd(f, fb, a)
+        out = np.matmul(a, mw.T)  # (N, C)
+        residual_bias_add(out, x1, mb)
+        self.kw = {"n_head": n_head, "eps": eps, "approximate": approximate}
+        self.shape, self.scale = shape, scale
+        self.save(x, *params)
+        self.acts = (h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f, a)
+        return out.reshape(B, T, C)
+
+    def backward(self, g):
+        if isinstance(g, Tensor):  # create_graph: differentiate the reference instead
+            return self.replay_backward(g)
+        with threads_for(g.size):
+            return self.backward_block(g)
+
+    def backward_block(self, g):
+        x, l1w, l1b, aw, ab, pw, pb, l2w, l2b, fw, fb, mw, mb = self.saved
+        h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f, a = self.acts
+        N, C = h1.shape
+        g2 = np.ascontiguousarray(g).reshape(N, C)
+        P = min(N, PARTS)
+        # MLP: out = x1 + a·Wmᵀ + bm
+        gmb, gmw = g2.sum(axis=0), np.matmul(g2.T, a)
+        df = np.matmul(g2, mw)  # (N, 4C): ∂a, then ∂f in place
+        gfb = np.zeros((P, 4 * C), F32)
+        gelu_bwd_bias(f, df, gfb)
+        gfw, dh2 = np.matmul(df.T, h2), np.matmul(df, fw)
+        del df
+        dx1, gl2w, gl2b = np.empty((N, C), F32), np.zeros((P, C), F32), np.zeros((P, C), F32)
+        ln_bwd_residual(dh2, x1, l2w, m2, r2, g2, dx1, gl2w, gl2b)
+        # attention: x1 = x + y·Wpᵀ + bp
+        gpb, gpw, dy = dx1.sum(axis=0), np.matmul(dx1.T, y), np.matmul(dx1, pw)
+        dqkv = np.zeros((N, 3 * C), F32)
+        attention_bwd(qkv, y, dy, lse, self.shape, self.scale, dqkv)
+        gab, gaw, dh1 = dqkv.sum(axis=0), np.matmul(dqkv.T, h1), np.matmul(dqkv, aw)
+        gl1w, gl1b = np.zeros((P, C), F32), np.zeros((P, C), F32)
+        ln_bwd_residual(dh1, x.reshape(N, C), l1w, m1, r1, dx1, dx1, gl1w, gl1b)
+        return (
+            dx1.reshape(x.shape),
+            *(_sums(gl1w), _sums(gl1b), gaw, gab, gpw, gpb),
+            *(_sums(gl2w), _sums(gl2b), gfw, _sums(gfb), gmw, gmb),
+        )
+
+    def replay_backward(self, g):
+        """The gradients as a graph (create_graph): the reference composition run again on
+        the saved inputs (now tensors of the graph) and differentiated."""
+        x, *params = self.saved
+        inputs = (x, *params)
+        with enable_grad():
+            out = gpt2_block_reference(x, params, **self.kw)
+            wanted = [t for t in inputs if t.requires_grad]
+            got = iter(grad(out, wanted, g, create_graph=True, allow_unused=True))
+        return tuple(next(got) if t.requires_grad else None for t in inputs)

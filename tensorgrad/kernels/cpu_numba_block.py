@@ -1,0 +1,120 @@
+"""The compiled passes of the fused GPT-2 block (``cpu_gpt2_block``): one pass over the rows
+for each of LayerNorm (optionally after the residual add and a bias), bias + GELU, and their
+backwards with the bias / LayerNorm parameter gradients summed on the way.
+
+All take (N, C) float32 C-contiguous arrays (N = B·T rows). Column sums (bias and
+LayerNorm-parameter gradients) go into ``parts`` (P, C) partial sums, one per block of
+rows, summed by the caller: a fixed P, so the sums are the same on any thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.nn import GELU_C, SQRT_2_OVER_PI
+from .cpu_numba import EXP_FM, FM, rsum
+from .numba_math import exp32
+
+F32 = np.float32
+K = F32(SQRT_2_OVER_PI)
+K3 = F32(3 * GELU_C)
+GC = F32(GELU_C)
+
+
+@njit(fastmath=FM, cache=True)
+def ln_row(xi, w, b, eps, yi):
+    """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
+    c = xi.size
+    mean = rsum(xi) / c
+    var = F32(0)
+    for j in range(c):  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
+        d = xi[j] - mean
+        var += d * d
+    r = F32(1) / np.sqrt(F32(var / c) + eps)
+    for j in range(c):
+        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
+    return F32(mean), r
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def ln_fwd(x, w, b, eps, y, mean, rstd):
+    """y = LayerNorm(x) per row; keeps each row's mean and 1/std for backward."""
+    for i in prange(x.shape[0]):
+        mean[i], rstd[i] = ln_row(x[i], w, b, eps, y[i])
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def residual_ln_fwd(x, a, bias, w, b, eps, s, y, mean, rstd):
+    """s = x + a + bias (the residual stream after a sublayer), y = LayerNorm(s); s may be a."""
+    n, c = x.shape
+    for i in prange(n):
+        si = s[i]
+        for j in range(c):
+            si[j] = x[i, j] + a[i, j] + bias[j]
+        mean[i], rstd[i] = ln_row(si, w, b, eps, y[i])
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def residual_bias_add(out, x, bias):
+    """out += x + bias (the block's output: residual stream plus the MLP's projection)."""
+    n, c = out.shape
+    for i in prange(n):
+        for j in range(c):
+            out[i, j] += x[i, j] + bias[j]
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def bias_gelu_fwd(f, bias, out):
+    """f += bias in place (f then holds GELU's input), out = GELU_tanh(f) as f·σ(2u)."""
+    n, c = f.shape
+    for i in prange(n):
+        for j in range(c):
+            v = f[i, j] + bias[j]
+            f[i, j] = v
+            u = K * (v + GC * v * v * v)
+            out[i, j] = v / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+
+
+@njit(parallel=True, fastmath=EXP_FM, cache=True)
+def gelu_bwd_bias(f, d, parts):
+    """d <- d·GELU_tanh'(f) in place; parts[p] += the column sums of d (the bias gradient)."""
+    n, c = f.shape
+    P = parts.shape[0]
+    for p in prange(P):
+        acc = parts[p]
+        for i in range(p * n // P, (p + 1) * n // P):
+            for j in range(c):
+                x = f[i, j]
+                x2 = x * x
+                e = exp32(min(F32(-2) * K * (x + GC * x2 * x), F32(80)))
+                s = F32(1) / (F32(1) + e)
+                es = e * s * s  # first: e alone may be 5e34, times x it would overflow
+                v = d[i, j] * (s + x * F32(2) * es * K * (F32(1) + K3 * x2))
+                d[i, j] = v
+                acc[j] += v
+
+
+@njit(parallel=True, fastmath=FM, cache=True)
+def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
+    """dx = resid + ∂LayerNorm(x)/∂x · dy per row (resid may be dx: accumulate in place);
+    gw_parts / gb_parts[p] += Σ dy·x̂ and Σ dy over block p's rows."""
+    n, c = x.shape
+    P = gw_parts.shape[0]
+    for p in prange(P):
+        gwp, gbp = gw_parts[p], gb_parts[p]
+        for i in range(p * n // P, (p + 1) * n // P):
+            xi, gi, m, r = x[i], dy[i], mean[i], rstd[i]
+            s1 = F32(0)  # Σ ĝ, ĝ = dy·w
+            s2 = F32(0)  # Σ ĝ·(x - mean)
+            for j in range(c):
+                gh = gi[j] * w[j]
+                s1 += gh
+                s2 += gh * (xi[j] - m)
+            a = F32(s1 / c)
+            k = F32(s2 * r / c)  # mean(ĝ·x̂)
+            for j in range(c):
+                xh = (xi[j] - m) * r
+                dx[i, j] = resid[i, j] + (gi[j] * w[j] - a - xh * k) * r
+                gwp[j] += gi[j] * xh
+                gbp[j] += gi[j]
