@@ -103,6 +103,12 @@ def test_the_reference_runs_where_the_kernel_does_not_apply(case):
         assert (g is None) == (p is None)
 
 
+NEEDS_KERNELS = pytest.mark.skipif(
+    not kernels.is_enabled(), reason="TG_KERNELS=0: reference ops only (the other run checks it)"
+)
+
+
+@NEEDS_KERNELS
 def test_create_graph_through_the_block_matches_the_reference():
     x, params = block_arrays(2, 7, 8)
 
@@ -125,6 +131,7 @@ def test_create_graph_through_the_block_matches_the_reference():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
 
 
+@NEEDS_KERNELS
 def test_gpt_block_fuses_only_when_nothing_else_is_in_play():
     from gpt.config import GPTConfig
     from gpt.model import GPT
