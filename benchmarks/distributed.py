@@ -75,7 +75,7 @@ def worker(a) -> None:
     mine = {"step_s": steps, "allreduce_s": comm, "pure_allreduce_s": pure}
     everyone = dist.all_gather_json(mine)
     if r == 0:
-        params = sum(p.data.size for p in ddp.params)
+        params = sum(p.array.size for p in ddp.params)
         out = {
             "ranks": n,
             "threads": a.threads,

@@ -193,7 +193,7 @@ def main(argv=None) -> None:
     step()
     phase_t.clear()
     prof = OpProfiler()
-    prof.exclude = {id(p.data) for p in model.parameters()}
+    prof.exclude = {id(p.array) for p in model.parameters()}
     prof.install()
     for _ in range(args.steps):
         prof.seen.clear()

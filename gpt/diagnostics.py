@@ -65,7 +65,7 @@ def grad_report(model: nn.Module) -> list[dict]:
     parameter has no gradient) and status: 'ok', 'no grad', 'zero' or 'non-finite'."""
     rows = []
     for name, p in model.named_parameters():
-        norm = None if p.grad is None else math.sqrt(_sumsq(p.grad.data))
+        norm = None if p.grad is None else math.sqrt(_sumsq(p.grad.array))
         status = grad_status(norm)
         rows.append({"name": name, "shape": list(p.shape), "grad_norm": norm, "status": status})
     return rows
@@ -90,13 +90,13 @@ def format_report(rows: list[dict]) -> str:
 def grad_norms(model: nn.Module, group: Callable[[str], str] | None = layer_of) -> dict[str, float]:
     """L2 norm of the gradients per group (default: per layer, see layer_of; None: per
     parameter). Parameters without a gradient are left out."""
-    sq = {n: _sumsq(p.grad.data) for n, p in model.named_parameters() if p.grad is not None}
+    sq = {n: _sumsq(p.grad.array) for n, p in model.named_parameters() if p.grad is not None}
     return _grouped(sq, group)
 
 
 def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
     """Host copies of every parameter (a tied matrix once), name -> array."""
-    return {n: np.array(to_numpy(p.data), copy=True) for n, p in model.named_parameters()}
+    return {n: np.array(to_numpy(p.array), copy=True) for n, p in model.named_parameters()}
 
 
 def update_ratios(

@@ -135,7 +135,7 @@ class Run:
             self._describe(model)
 
     def _describe(self, model) -> None:
-        n = sum(p.data.size for p in self.reducer.params)
+        n = sum(p.array.size for p in self.reducer.params)
         mb = 4 * (n + len(self.reducer.params)) / 1e6
         ring = 2 * (self.world_size - 1) / self.world_size * mb
         print(
@@ -161,7 +161,7 @@ class Run:
         checking that the ranks' weights are still bitwise the same."""
         if not self.active:
             return state
-        params = [p.data for p in model.parameters()]
+        params = [p.array for p in model.parameters()]
         if not dist.same_on_all_ranks(params):
             raise RuntimeError(
                 f"the ranks' weights differ at iter {state['iter']} (the "

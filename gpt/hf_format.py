@@ -68,7 +68,7 @@ def hf_arrays(model) -> dict[str, np.ndarray]:
     """The model's weights under GPT-2's names and layout, float32 (see the module docstring)."""
     out = {}
     for name, p in model.named_parameters():  # a tied matrix once, as transformer.wte.weight
-        a = np.asarray(to_numpy(p.data), dtype=np.float32)
+        a = np.asarray(to_numpy(p.array), dtype=np.float32)
         out[name] = np.ascontiguousarray(a.T if name.endswith(CONV1D) else a)
     gpt2 = dataclasses.replace(model.config, bias=True)
     for name, shape in expected_shapes(gpt2).items():

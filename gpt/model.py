@@ -35,8 +35,8 @@ class KVCache:
     def append(self, layer: int, k, v):
         """Store (B, nh, T, hs) keys/values after the cached ones; return all of them."""
         t0, t1 = self.length, self.length + k.shape[2]
-        self.k[layer][:, :, t0:t1] = k.data
-        self.v[layer][:, :, t0:t1] = v.data
+        self.k[layer][:, :, t0:t1] = k.array
+        self.v[layer][:, :, t0:t1] = v.array
         return tg.Tensor(self.k[layer][:, :, :t1]), tg.Tensor(self.v[layer][:, :, :t1])
 
 
@@ -68,7 +68,7 @@ class CausalSelfAttention(nn.Module):
         else:
             S = k.shape[2]
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            allowed = mask if mask is not None else F.causal_mask(get_array_module(x.data), T, S)
+            allowed = mask if mask is not None else F.causal_mask(get_array_module(x.array), T, S)
             att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))
             att = F.softmax(att, dim=-1)
             att = self.attn_dropout(att)
@@ -133,13 +133,13 @@ class GPT(nn.Module):
         proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                p.data = g.normal(0.0, proj_std, p.shape).astype(np.float32)
+                p.array = g.normal(0.0, proj_std, p.shape).astype(np.float32)
             elif name.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight")):
-                p.data = np.ones(p.shape, np.float32)
+                p.array = np.ones(p.shape, np.float32)
             elif name.endswith(".bias"):
-                p.data = np.zeros(p.shape, np.float32)
+                p.array = np.zeros(p.shape, np.float32)
             else:
-                p.data = g.normal(0.0, 0.02, p.shape).astype(np.float32)
+                p.array = g.normal(0.0, 0.02, p.shape).astype(np.float32)
 
     @property
     def unembedding(self) -> nn.Parameter:
@@ -306,7 +306,7 @@ class GPT(nn.Module):
             gen = np.random.Generator(np.random.PCG64(seed)) if seed is not None else rng("cpu")
             bs = self.config.block_size
             cache, done = None, np.zeros(ctx.shape[0], dtype=bool)
-            xp = get_array_module(self.transformer.wte.weight.data)
+            xp = get_array_module(self.transformer.wte.weight.array)
             for _ in range(max_new_tokens):
                 window = ctx[:, -1:]
                 if not use_cache:
@@ -321,7 +321,7 @@ class GPT(nn.Module):
                 # its body runs, and must not stay on while the caller runs between tokens
                 with tg.no_grad():
                     logits, _ = self(to_device(window, _dev(xp)), cache=cache)
-                last = to_numpy(logits.data)[:, -1, :]
+                last = to_numpy(logits.array)[:, -1, :]
                 if suppress_tokens:
                     last = last.copy()
                     last[:, list(suppress_tokens)] = -np.inf
@@ -405,7 +405,7 @@ class GPT(nn.Module):
             )
         self.config = dataclasses.replace(self.config, block_size=block_size)
         wpe = self.transformer.wpe
-        wpe.weight = nn.Parameter(wpe.weight.data[:block_size].copy())
+        wpe.weight = nn.Parameter(wpe.weight.array[:block_size].copy())
         wpe.num_embeddings = block_size
 
     def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float = 312e12) -> float:

@@ -193,11 +193,11 @@ class GradScaler:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = p.grad.data
+                g = p.grad.array
                 xp = get_array_module(g)
                 g = g * g.dtype.type(inv)  # a new array: the grad may share memory with another
                 found = found or not bool(xp.isfinite(g).all())
-                p.grad.data = g
+                p.grad.array = g
         st["stage"], st["found_inf"] = _UNSCALED, found
 
     def step(self, optimizer, *args, **kwargs):

@@ -206,7 +206,7 @@ def multinomial(probs, num_samples: int, replacement: bool = False, generator=No
     if p.ndim not in (1, 2):
         raise RuntimeError(f"multinomial: probs must be 1-d or 2-d, got {p.ndim} dims")
     xp = xp_for(p.device)
-    w = p.data.reshape(1, -1) if p.ndim == 1 else p.data
+    w = p.array.reshape(1, -1) if p.ndim == 1 else p.array
     w = w.astype(np.float64)
     n = w.shape[1]
     if not bool(xp.isfinite(w).all()) or bool((w < 0).any()):
@@ -307,6 +307,6 @@ def linspace(start, end, steps: int, dtype=None, device=None) -> Tensor:
 
 
 def _same_device(op: str, tensors):
-    devs = {device_of(t.data) for t in tensors}
+    devs = {device_of(t.array) for t in tensors}
     if len(devs) > 1:
         raise RuntimeError(f"{op}: expected all tensors on the same device, got {sorted(devs)}")

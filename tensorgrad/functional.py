@@ -243,8 +243,8 @@ def gpt2_block(x: Tensor, params, n_head: int, eps: float = 1e-5, approximate: s
     if x.ndim != 3 or x.shape[2] % n_head:
         raise ValueError(f"gpt2_block: x must be (B, T, C) with C divisible by n_head={n_head}")
     kw = {"n_head": n_head, "eps": eps, "approximate": approximate}
-    arrays = [x.data] + [None if p is None else p.data for p in params]
-    impl = kernels.pick("gpt2_block", device_of(x.data), *arrays, **kw)
+    arrays = [x.array] + [None if p is None else p.array for p in params]
+    impl = kernels.pick("gpt2_block", device_of(x.array), *arrays, **kw)
     if impl is None:
         return gpt2_block_reference(x, params, **kw)
     return impl.apply(x, *params, **kw)

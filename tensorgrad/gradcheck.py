@@ -19,7 +19,7 @@ def _as_float64(inputs):
     for x in inputs:
         if isinstance(x, Tensor):
             # a C-ordered copy, so that perturbing a reshape(-1) view of it perturbs x
-            arr = x.data.astype(np.float64, order="C") if x.dtype.kind == "f" else x.data
+            arr = x.array.astype(np.float64, order="C") if x.dtype.kind == "f" else x.array
             t = Tensor(arr, requires_grad=x.requires_grad)
             out.append(t)
         else:
@@ -56,9 +56,11 @@ def gradcheck(
     for i, x in enumerate(xs):
         if not (isinstance(x, Tensor) and x.requires_grad):
             continue
-        analytic = np.zeros(x.shape) if x.grad is None else to_numpy(x.grad.data).astype(np.float64)
+        analytic = (
+            np.zeros(x.shape) if x.grad is None else to_numpy(x.grad.array).astype(np.float64)
+        )
         numeric = np.zeros(x.shape)
-        flat = x.data.reshape(-1)  # a view: perturbing it perturbs x
+        flat = x.array.reshape(-1)  # a view: perturbing it perturbs x
         with no_grad():
             for j in range(flat.size):
                 orig = flat[j].item()

@@ -19,7 +19,7 @@ def _is_tensor(k) -> bool:
 
 def _one(k, xp):
     if _is_tensor(k):
-        return k.data
+        return k.array
     if isinstance(k, list):
         # [] indexes nothing (int64, as PyTorch); lists of bools stay boolean masks
         return xp.asarray(k) if k else xp.zeros(0, dtype=np.int64)

@@ -79,7 +79,7 @@ def _body(a: np.ndarray, indent: int) -> str:
 
 def tensor_repr(t, prefix: str = "tensor(") -> str:
     """``repr(t)`` (and ``str(t)``) as PyTorch writes it."""
-    a = to_numpy(t.data)
+    a = to_numpy(t.array)
     extra = []
     if a.size == 0 and a.ndim != 1:
         body = "[]"

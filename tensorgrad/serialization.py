@@ -26,7 +26,7 @@ def _encode(obj, arrays: dict, path: str):
         name = path or "_"
         while name in arrays:  # {"a.b": x, "a": {"b": y}} spell the same path
             name += "'"
-        arrays[name] = np.ascontiguousarray(to_numpy(obj.data if isinstance(obj, Tensor) else obj))
+        arrays[name] = np.ascontiguousarray(to_numpy(obj.array if isinstance(obj, Tensor) else obj))
         return {"__tensor__" if isinstance(obj, Tensor) else "__array__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):

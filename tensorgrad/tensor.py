@@ -62,13 +62,13 @@ class Tensor(Select):
 
     def __init__(self, data, requires_grad: bool = False, dtype=None, device=None):
         if isinstance(data, Tensor):
-            data = data.data
+            data = data.array
         arr = as_array(data, dtype=dtype, device=device)
         if dtype is None and arr.dtype == np.float64 and not hasattr(data, "dtype"):
             arr = arr.astype(DEFAULT_DTYPE)  # Python floats become float32, as in PyTorch
         if device is not None:
             arr = to_device(arr, device)
-        self.data = arr
+        self._array = arr
         self.grad = None
         self._node = None
         self._out_index = 0
@@ -102,13 +102,20 @@ class Tensor(Select):
 
     # ------------------------------------------------------------------ attributes
     @property
-    def data(self):
-        """The backend array (NumPy, or CuPy on the GPU); ``p.data = tensor`` stores its array."""
+    def array(self):
+        """The backend array itself (NumPy, or CuPy on the GPU): tensorgrad's name."""
         return self._array
 
-    @data.setter
-    def data(self, value):
+    @array.setter
+    def array(self, value):  # a Tensor given stores its array, as p.data = t does
         self._array = value._array if isinstance(value, Tensor) else value
+
+    @property
+    def data(self) -> Tensor:
+        """As PyTorch's: a Tensor sharing this memory, outside autograd (``p.data.zero_()``)."""
+        return Tensor._make(self._array, None, 0)
+
+    data = data.setter(array.fset)
 
     @property
     def requires_grad(self) -> bool:
@@ -116,9 +123,9 @@ class Tensor(Select):
 
     @requires_grad.setter
     def requires_grad(self, value: bool):
-        if value and self.data.dtype.kind not in _FLOAT_KINDS:
+        if value and self._array.dtype.kind not in _FLOAT_KINDS:
             raise RuntimeError(
-                f"only floating-point tensors can require gradients, got dtype {self.data.dtype}"
+                f"only floating-point tensors can require gradients, got dtype {self._array.dtype}"
             )
         if not value and self._node is not None:
             raise RuntimeError(
@@ -138,31 +145,31 @@ class Tensor(Select):
     def grad_fn(self) -> Op | None:
         return self._node
 
-    shape = property(lambda self: Size(self.data.shape))
-    dtype = property(lambda self: as_dtype(self.data.dtype))
-    ndim = property(lambda self: self.data.ndim)
-    device = property(lambda self: device(device_of(self.data)))
+    shape = property(lambda self: Size(self._array.shape))
+    dtype = property(lambda self: as_dtype(self._array.dtype))
+    ndim = property(lambda self: self._array.ndim)
+    device = property(lambda self: device(device_of(self._array)))
     is_cuda = property(lambda self: self.device == "cuda")
     T = property(lambda self: self.permute(*reversed(range(self.ndim))))
     mT = property(lambda self: self.transpose(-2, -1))
 
     def size(self, dim: int | None = None):
         if dim is None:
-            return Size(self.data.shape)
+            return Size(self._array.shape)
         if self.ndim == 0:
             raise IndexError(f"size: dimension specified as {dim} but tensor has no dimensions")
-        return self.data.shape[wrap_dim("size", dim, self.ndim)]
+        return self._array.shape[wrap_dim("size", dim, self.ndim)]
 
     def dim(self) -> int:
         return self.ndim
 
     def numel(self) -> int:
-        return int(self.data.size)
+        return int(self._array.size)
 
     nelement = numel
 
     def element_size(self) -> int:
-        return int(self.data.dtype.itemsize)
+        return int(self._array.dtype.itemsize)
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -198,21 +205,21 @@ class Tensor(Select):
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
                 "instead."
             )
-        return to_numpy(self.data)
+        return to_numpy(self._array)
 
     def __array__(self, dtype=None, copy=None):
-        a = to_numpy(self.data)
+        a = to_numpy(self._array)
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def item(self):
-        if self.data.size != 1:
+        if self._array.size != 1:
             raise ValueError(
                 f"item() needs a tensor with one element, got shape {tuple(self.shape)}"
             )
-        return self.data.reshape(()).item()
+        return self._array.reshape(()).item()
 
     def tolist(self):
-        return to_numpy(self.data).tolist()
+        return to_numpy(self._array).tolist()
 
     def __float__(self):
         return float(self.item())
@@ -221,7 +228,7 @@ class Tensor(Select):
         return int(self.item())
 
     def __index__(self):
-        if self.data.dtype.kind not in "iu" or self.data.size != 1:
+        if self._array.dtype.kind not in "iu" or self._array.size != 1:
             raise TypeError("only integer tensors of a single element can be used as an index")
         return int(self.item())
 
@@ -229,7 +236,7 @@ class Tensor(Select):
         return bool(self.item())
 
     def detach(self) -> Tensor:
-        t = Tensor._make(self.data, None, 0)
+        t = Tensor._make(self._array, None, 0)
         t._version = self._version  # shares storage, so shares the version counter
         return t
 
@@ -311,7 +318,7 @@ class Tensor(Select):
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> Tensor:
         """A new leaf with ``data``'s values (copied) in self's dtype and device (unless given)."""
         t = Tensor(as_array(data), dtype=dtype or self.dtype, device=device or self.device)
-        t.data = t.data.copy()
+        t.array = t.array.copy()
         t.requires_grad = requires_grad
         return t
 
@@ -399,10 +406,10 @@ class Tensor(Select):
 
     def _no_grad_binary(self, op, other, reflected=False):
         """Integer-valued results (//, %): no gradient, PyTorch's result dtype."""
-        o = other.data if isinstance(other, Tensor) else other
+        o = other.array if isinstance(other, Tensor) else other
         dt = result_type(self, other)
         a, b = (
-            self.data.astype(dt, copy=False),
+            self._array.astype(dt, copy=False),
             (o.astype(dt, copy=False) if hasattr(o, "dtype") else o),
         )
         out = op(b, a) if reflected else op(a, b)
@@ -574,18 +581,18 @@ class Tensor(Select):
         if len(shape_) == 1 and is_dtype(shape_[0]) and not isinstance(shape_[0], int):
             raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
         out = shape_ops.Reshape.apply(self, _dims(shape_))
-        if out.data.size and not shares_memory(out.data, self.data):
+        if out.array.size and not shares_memory(out.array, self._array):
             raise RuntimeError(
                 f"view size is not compatible with input tensor's size and stride (shape "
                 f"{tuple(self.shape)} to {tuple(out.shape)}: at least one dimension spans "
                 "across two contiguous subspaces). Use .reshape(...) instead."
             )
-        return self._view_of(out, reshaper(out.data.shape))
+        return self._view_of(out, reshaper(out.array.shape))
 
     def reshape(self, *shape_):
         """view when the memory allows it, else a copy."""
         out = shape_ops.Reshape.apply(self, _dims(shape_))
-        return self._view_of(out, reshaper(out.data.shape))
+        return self._view_of(out, reshaper(out.array.shape))
 
     def view_as(self, other):
         return self.view(other.shape)
@@ -634,12 +641,12 @@ class Tensor(Select):
         return self.transpose(0, 1) if self.ndim == 2 else self
 
     def contiguous(self):
-        if self.data.flags.c_contiguous:
+        if self._array.flags.c_contiguous:
             return self
         return shape_ops.Contiguous.apply(self)
 
     def is_contiguous(self) -> bool:
-        return bool(self.data.flags.c_contiguous)
+        return bool(self._array.flags.c_contiguous)
 
     def unsqueeze(self, dim: int):
         d = wrap_dim("unsqueeze", dim, self.ndim + 1)
@@ -656,14 +663,14 @@ class Tensor(Select):
 
     def expand(self, *sizes):
         out = shape_ops.Expand.apply(self, _dims(sizes))
-        return self._view_of(out, expander(out.data.shape))
+        return self._view_of(out, expander(out.array.shape))
 
     def expand_as(self, other):
         return self.expand(other.shape)
 
     def __getitem__(self, key):
         out = self
-        for k in index_steps(key, get_array_module(self.data)):  # PyTorch's rule: indexing.py
+        for k in index_steps(key, get_array_module(self._array)):  # PyTorch's rule: indexing.py
             # basic indexing gives a view: writes show up in the base
             out = out._view_of(shape_ops.GetItem.apply(out, k), indexer(k))
         return out

@@ -34,7 +34,7 @@ from .ops.dims import wrap_dim
 def as_array(x, dtype=None, device=None):
     """The backend array behind ``x`` (a Tensor, an array, a list or a scalar)."""
     if isinstance(x, InPlace):
-        return x.data
+        return x.array
     if device is not None and parse_device(device) == "cuda":
         return xp_for("cuda").asarray(x, dtype=dtype)
     if device_of(x) != "cpu":  # already a GPU array (CuPy, or a registered stand-in)
@@ -102,11 +102,11 @@ class InPlace:
         if base is not None and is_grad_enabled() and (base.requires_grad or r.requires_grad):
             vf = self._view_fn
             return self._write_through(r.astype(self.dtype), vf, lambda a, v: put_all(vf(a), v))
-        get_array_module(self.data).copyto(self.data, r.data, casting="unsafe")
+        get_array_module(self._array).copyto(self._array, r.array, casting="unsafe")
         self._written()
         if r._node is not None:
             self._node, self._out_index, self._requires_grad = r._node, r._out_index, True
-            r._node.out_meta[r._out_index] = (self.data.shape, self.data.dtype)
+            r._node.out_meta[r._out_index] = (self._array.shape, self._array.dtype)
             self._refresh_views(self)
         return self
 
@@ -162,17 +162,17 @@ class InPlace:
         self._check_inplace(op)
         base = self._base
         if self._in_graph():
-            new = self.data.copy()
+            new = self._array.copy()
             fill(new)
             vf = self._view_fn if base is not None else identity
             return self._write_through(self._leaf(new), vf, lambda a, v: put_all(vf(a), v))
-        fill(self.data)
+        fill(self._array)
         self._written()
         return self
 
     def __setitem__(self, key, value):
         self._check_inplace("setitem")
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         steps = index_steps(key, xp)
         if len(steps) == 2:  # integers first (a view), then the index arrays, as PyTorch
             self[steps[0]][steps[1]] = value
@@ -200,10 +200,10 @@ class InPlace:
 
             self._write_through(v.astype(self.dtype), get, put)
             return
-        v = value.data if isinstance(value, InPlace) else value
+        v = value.array if isinstance(value, InPlace) else value
         if isinstance(v, (list, tuple, np.ndarray)) and xp is not np:
             v = xp.asarray(v)  # host values written into a GPU tensor
-        self.data[k] = v
+        self._array[k] = v
         self._written()
 
     def zero_(self) -> InPlace:
@@ -225,7 +225,7 @@ class InPlace:
         if is_grad_enabled() and isinstance(src, InPlace) and src.requires_grad:
             self[...] = src.to(self.device)  # recorded, as a write of the whole tensor
             return self
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         s = to_device(as_array(src), self.device)
 
         def fill(a):
@@ -237,9 +237,9 @@ class InPlace:
         """Fill with N(mean, std²) samples from the seeded generator (or ``generator``)."""
         g = rng_of(generator, self.device)
         draw = (
-            g.standard_normal(self.data.shape, dtype=np.float32)
+            g.standard_normal(self._array.shape, dtype=np.float32)
             if self.dtype != np.float64
-            else g.standard_normal(self.data.shape)
+            else g.standard_normal(self._array.shape)
         )
 
         def fill(a):
@@ -251,9 +251,9 @@ class InPlace:
         """Fill with U[a, b) samples from the seeded generator (or ``generator``)."""
         g = rng_of(generator, self.device)
         draw = (
-            g.random(self.data.shape, dtype=np.float32)
+            g.random(self._array.shape, dtype=np.float32)
             if self.dtype != np.float64
-            else g.random(self.data.shape)
+            else g.random(self._array.shape)
         )
 
         def fill(arr):
@@ -272,7 +272,7 @@ class InPlace:
         if self._in_graph():  # recorded, as x = x.masked_fill(mask, value)
             self._check_inplace("masked_fill_")
             return self._adopt("masked_fill_", E.MaskedFill.apply(self, m, v))
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         return self._write("masked_fill_", lambda a: xp.copyto(a, v, where=m))
 
     def clamp_(self, min=None, max=None) -> InPlace:
@@ -280,7 +280,7 @@ class InPlace:
             self._check_inplace("clamp_")
             # Clamp saves its input: clamp a copy, since self is about to be overwritten
             return self._adopt("clamp_", self.clone().clamp(min, max))
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         return self._write("clamp_", lambda a: xp.clip(a, min, max, out=a))
 
     def _update(self, op: str, fn) -> InPlace:
@@ -301,7 +301,7 @@ class InPlace:
         """Mark ``out`` as a view of self when it really shares self's memory: it then shares
         the version counter, remembers the base and, as ``fn`` after self's own, how to find
         its region in an array shaped like the base (for recorded in-place writes)."""
-        if shares_memory(out.data, self.data):
+        if shares_memory(out.array, self._array):
             out._version = self._version
             if self._base is None:
                 out._base, out._view_fn = self, fn

@@ -34,7 +34,7 @@ class Select(InPlace):
         """``op`` on both arrays in their PyTorch result type (int tensor < 0.5 compares floats;
         float32 == a float64 0-d tensor compares in float32)."""
         if isinstance(other, (list, tuple)):
-            other = self._leaf(get_array_module(self.data).asarray(other))
+            other = self._leaf(get_array_module(self._array).asarray(other))
         elif not isinstance(other, (InPlace, bool, int, float, np.generic)) and not hasattr(
             other, "dtype"
         ):
@@ -42,7 +42,7 @@ class Select(InPlace):
         if isinstance(other, np.generic):
             other = other.item()
         dt = result_type(self, other)
-        a = self.data.astype(dt, copy=False)
+        a = self._array.astype(dt, copy=False)
         b = as_array(other).astype(dt, copy=False) if hasattr(other, "dtype") else other
         return self._leaf(op(a, b))
 
@@ -55,7 +55,7 @@ class Select(InPlace):
     __and__ = lambda self, o: self._compare(lambda a, b: a & b, o)  # noqa: E731
     __or__ = lambda self, o: self._compare(lambda a, b: a | b, o)  # noqa: E731
     __xor__ = lambda self, o: self._compare(lambda a, b: a ^ b, o)  # noqa: E731
-    __invert__ = lambda self: self._leaf(~self.data)  # noqa: E731
+    __invert__ = lambda self: self._leaf(~self._array)  # noqa: E731
     __hash__ = object.__hash__
     eq, ne, lt, le, gt, ge = __eq__, __ne__, __lt__, __le__, __gt__, __ge__
     logical_and = lambda self, o: self._compare(_xp_op("logical_and"), o)  # noqa: E731
@@ -63,21 +63,21 @@ class Select(InPlace):
     logical_xor = lambda self, o: self._compare(_xp_op("logical_xor"), o)  # noqa: E731
 
     def logical_not(self):
-        return self._leaf(get_array_module(self.data).logical_not(self.data))
+        return self._leaf(get_array_module(self._array).logical_not(self._array))
 
     def isnan(self):
-        return self._leaf(get_array_module(self.data).isnan(self.data))
+        return self._leaf(get_array_module(self._array).isnan(self._array))
 
     def isinf(self):
-        return self._leaf(get_array_module(self.data).isinf(self.data))
+        return self._leaf(get_array_module(self._array).isinf(self._array))
 
     def isfinite(self):
-        return self._leaf(get_array_module(self.data).isfinite(self.data))
+        return self._leaf(get_array_module(self._array).isfinite(self._array))
 
     def _bool_reduce(self, op: str, dim, keepdim: bool):
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         axes = None if dim is None else wrap_dims(op, dim, self.ndim) if self.ndim else None
-        return self._leaf(xp.asarray(getattr(xp, op)(self.data, axis=axes, keepdims=keepdim)))
+        return self._leaf(xp.asarray(getattr(xp, op)(self._array, axis=axes, keepdims=keepdim)))
 
     def all(self, dim=None, keepdim: bool = False):
         return self._bool_reduce("all", dim, keepdim)
@@ -91,13 +91,13 @@ class Select(InPlace):
 
     def allclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan=False) -> bool:
         """|self - other| <= atol + rtol·|other| everywhere (broadcast)."""
-        xp = get_array_module(self.data)
-        return bool(xp.allclose(self.data, as_array(other), rtol, atol, equal_nan))
+        xp = get_array_module(self._array)
+        return bool(xp.allclose(self._array, as_array(other), rtol, atol, equal_nan))
 
     def equal(self, other) -> bool:
         """Same shape and the same values."""
         o = as_array(other)
-        return tuple(o.shape) == tuple(self.shape) and bool((self.data == o).all())
+        return tuple(o.shape) == tuple(self.shape) and bool((self._array == o).all())
 
     def max(self, dim=None, keepdim: bool = False):
         """max() -> scalar tensor; max(dim) -> (values, indices), the gradient going to the
@@ -126,27 +126,27 @@ class Select(InPlace):
         return MaxResult(values, idx) if keepdim else MaxResult(values.squeeze(d), idx.squeeze(d))
 
     def argmax(self, dim=None, keepdim: bool = False):
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         if dim is None:
-            return self._leaf(xp.asarray(xp.argmax(self.data)))
+            return self._leaf(xp.asarray(xp.argmax(self._array)))
         d = wrap_dim("argmax", dim, self.ndim)
-        return self._leaf(xp.asarray(xp.argmax(self.data, axis=d, keepdims=keepdim)))
+        return self._leaf(xp.asarray(xp.argmax(self._array, axis=d, keepdims=keepdim)))
 
     def argmin(self, dim=None, keepdim: bool = False):
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         if dim is None:
-            return self._leaf(xp.asarray(xp.argmin(self.data)))
+            return self._leaf(xp.asarray(xp.argmin(self._array)))
         d = wrap_dim("argmin", dim, self.ndim)
-        return self._leaf(xp.asarray(xp.argmin(self.data, axis=d, keepdims=keepdim)))
+        return self._leaf(xp.asarray(xp.argmin(self._array, axis=d, keepdims=keepdim)))
 
     # ------------------------------------------------------------------ sorting
     def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False):
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         d = wrap_dim("argsort", dim, self.ndim)
-        a = self.data if self.ndim else self.data.reshape(1)
+        a = self._array if self.ndim else self._array.reshape(1)
         # a stable sort of -x keeps ties in index order, as PyTorch's stable descending sort
         idx = xp.argsort(-a if descending else a, axis=d, kind="stable")
-        return self._leaf(idx.reshape(self.data.shape))
+        return self._leaf(idx.reshape(self._array.shape))
 
     def sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
         """(values, indices) sorted along ``dim`` (stably); values carry the gradient."""
@@ -161,7 +161,7 @@ class Select(InPlace):
             raise RuntimeError(f"topk: k ({k}) is out of range for dimension {d} of size {n}")
         idx = self.argsort(d, descending=largest)
         idx = idx[(slice(None),) * d + (slice(0, k),)] if self.ndim else idx
-        idx = self._leaf(get_array_module(idx.data).ascontiguousarray(idx.data))
+        idx = self._leaf(get_array_module(idx.array).ascontiguousarray(idx.array))
         return MaxResult(self.gather(d, idx), idx)
 
     # ------------------------------------------------------------------ indexing ops
@@ -207,8 +207,8 @@ class Select(InPlace):
         idx = as_array(index)
         if src is None or not isinstance(src, InPlace) and np.ndim(src) == 0:
             v = value if src is None else src
-            src = self._leaf(get_array_module(self.data).full(idx.shape, v, dtype=self.dtype))
-        hit = self._leaf(get_array_module(self.data).zeros(self.shape, dtype=np.int64))
+            src = self._leaf(get_array_module(self._array).full(idx.shape, v, dtype=self.dtype))
+        hit = self._leaf(get_array_module(self._array).zeros(self.shape, dtype=np.int64))
         hit = hit.scatter_add(dim, idx, self._leaf(idx * 0 + 1)) > 0  # the written places
         return self.masked_fill(hit, 0).scatter_add(dim, idx, src)
 
@@ -233,8 +233,8 @@ class Select(InPlace):
 
     def nonzero(self, as_tuple: bool = False):
         """Indices of the nonzero elements: (n, ndim) int64, or one index tensor per dim."""
-        xp = get_array_module(self.data)
-        idx = [i.astype(np.int64) for i in xp.nonzero(self.data)]
+        xp = get_array_module(self._array)
+        idx = [i.astype(np.int64) for i in xp.nonzero(self._array)]
         if as_tuple:
             return tuple(self._leaf(i) for i in idx)
         return self._leaf(xp.stack(idx, axis=1) if idx else xp.zeros((0, 0), dtype=np.int64))
@@ -244,13 +244,13 @@ class Select(InPlace):
         counts; no gradient."""
         if dim is not None:
             raise NotImplementedError("unique: dim= is not supported")
-        xp = get_array_module(self.data)
-        out = xp.unique(self.data, return_inverse=return_inverse, return_counts=return_counts)
+        xp = get_array_module(self._array)
+        out = xp.unique(self._array, return_inverse=return_inverse, return_counts=return_counts)
         if not (return_inverse or return_counts):
             return self._leaf(out)
         vals, rest = out[0], list(out[1:])
         if return_inverse:
-            rest[0] = rest[0].reshape(self.data.shape).astype(np.int64)
+            rest[0] = rest[0].reshape(self._array.shape).astype(np.int64)
         return (self._leaf(vals), *(self._leaf(r.astype(np.int64)) for r in rest))
 
     def where(self, condition, other):
@@ -265,7 +265,7 @@ class Select(InPlace):
                 f"where: expected all tensors on the same device, got {self.device} and {o.device}"
             )
         dt = result_type(self, o)
-        xp = get_array_module(self.data)
+        xp = get_array_module(self._array)
         y = o.astype(dt) if isinstance(o, InPlace) else self._leaf(xp.asarray(o, dtype=dt))
         return E.Where.apply(c, self.astype(dt), y)
 

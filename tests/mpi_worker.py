@@ -33,7 +33,7 @@ def collectives(out_path: str) -> None:
     params = [tg.nn.Parameter(np.full(s, float(r), np.float32)) for s in shapes]
     ddp = dist.DataParallel(params, bucket_mb=0.02)
     res["buckets"] = len(ddp.buckets)
-    res["broadcast_ok"] = all(float(abs(p.data).max()) == 0.0 for p in params)  # rank 0's zeros
+    res["broadcast_ok"] = all(float(abs(p.array).max()) == 0.0 for p in params)  # rank 0's zeros
     grads = [
         [
             np.random.default_rng([k, i]).standard_normal(s).astype(np.float32)
@@ -50,14 +50,14 @@ def collectives(out_path: str) -> None:
         want = np.mean(
             [grads[k][i] if not (i == 4 and k == 1) else 0 * grads[k][i] for k in range(n)], axis=0
         )
-        worst = max(worst, float(np.abs(p.grad.data - want).max()))
+        worst = max(worst, float(np.abs(p.grad.array - want).max()))
     res["grad_worst"] = worst
     res["grad_bytes"] = ddp.comm_bytes
     a = np.arange(6, dtype=np.float64) * (r + 1)
     res["sum"] = dist.all_reduce(a.copy(), "sum").tolist()
     res["max"] = dist.all_reduce(np.array([r], np.int64), "max").tolist()
     t = dist.all_reduce(tg.tensor(np.full(3, r + 1.0, np.float32)), "mean")
-    res["mean_tensor"] = t.data.tolist()
+    res["mean_tensor"] = t.array.tolist()
     b = np.full(4, float(r), np.float32)
     res["broadcast_from_1"] = dist.broadcast(b, root=1).tolist()
     res["json"] = dist.broadcast_json({"from": r}, root=1)
@@ -170,13 +170,13 @@ def fake_nccl(out_path: str) -> None:
     ddp.reduce_gradients()
     res = {
         "on_gpu": all(
-            isinstance(p.grad.data, GpuArray) and isinstance(p.data, GpuArray) for p in params
+            isinstance(p.grad.array, GpuArray) and isinstance(p.array, GpuArray) for p in params
         ),
-        "broadcast_ok": all(float(np.abs(np.asarray(p.data)).max()) == 0.0 for p in params),
+        "broadcast_ok": all(float(np.abs(np.asarray(p.array)).max()) == 0.0 for p in params),
         "grad_worst": max(
             float(
                 np.abs(
-                    np.asarray(p.grad.data) - np.mean([grads[k][i] for k in range(n)], axis=0)
+                    np.asarray(p.grad.array) - np.mean([grads[k][i] for k in range(n)], axis=0)
                 ).max()
             )
             for i, p in enumerate(params)

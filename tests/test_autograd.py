@@ -467,7 +467,7 @@ def test_detach():
     y = (d * w).sum()
     y.backward()
     np.testing.assert_allclose(w.grad.numpy(), d.detach().numpy(), rtol=1e-6)  # no grad through d
-    assert w.detach().data is w.data
+    assert w.detach().array is w.array
 
 
 def test_item():

@@ -205,7 +205,7 @@ def test_grad_accumulates_in_place_only_when_nobody_else_holds_it():
     assert held_tensor is x.grad and x.grad.numpy().tolist() == [4.0] * 3  # PyTorch's way
 
     held_array = x.grad.numpy()  # the array itself: must not change under the caller
-    view = x.grad.data[:2]
+    view = x.grad.array[:2]
     (x * 2).sum().backward()
     assert held_array.tolist() == [4.0] * 3 and view.tolist() == [4.0] * 2
     assert x.grad.numpy().tolist() == [6.0] * 3
@@ -222,7 +222,7 @@ def test_leaves_sharing_one_gradient_array_stay_apart():
 def test_a_grad_that_views_another_leafs_grad_is_not_added_into_in_place():
     x, w = tg.ones(6, requires_grad=True), tg.ones(2, 3, requires_grad=True)
     ((x.reshape(2, 3) + w) * tg.full((2, 3), 2.0)).sum().backward()
-    assert x.grad.data.base is w.grad.data  # Add gave both the same array, Reshape a view
+    assert x.grad.array.base is w.grad.array  # Add gave both the same array, Reshape a view
     (x * 1).sum().backward()
     assert x.grad.numpy().tolist() == [3.0] * 6
     assert w.grad.numpy().tolist() == [[2.0] * 3] * 2

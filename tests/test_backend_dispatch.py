@@ -471,7 +471,7 @@ def test_sampling_and_in_place_fills_stay_on_the_device(fake):
     p = tg.softmax(on("cuda", R(3, 6)), dim=-1)
     for repl in (True, False):
         ids = tg.multinomial(p, 2, replacement=repl)
-        assert ids.device == "cuda" and ids.shape == (3, 2) and isinstance(ids.data, FakeArray)
+        assert ids.device == "cuda" and ids.shape == (3, 2) and isinstance(ids.array, FakeArray)
     v, i = tg.topk(p, 2)
     assert v.device == "cuda" and i.device == "cuda"
     w = tg.zeros(4, 5, device="cuda")
@@ -484,7 +484,7 @@ def test_sampling_and_in_place_fills_stay_on_the_device(fake):
         lambda: w.zero_(),
     ):
         fill()
-        assert isinstance(w.data, FakeArray)
+        assert isinstance(w.array, FakeArray)
     for t in (
         tg.randn_like(w),
         tg.rand_like(w),
@@ -519,11 +519,11 @@ def test_factories_and_moves(fake):
         tg.tril(tg.ones(3, 3, device="cuda")),
         tg.zeros_like(tg.ones(2, device="cuda")),
     ):
-        assert t.device == "cuda" and isinstance(t.data, FakeArray)
+        assert t.device == "cuda" and isinstance(t.array, FakeArray)
     x = tg.randn(2, 3, requires_grad=True)
     y = x.to("cuda")
     assert (y.device, x.device) == ("cuda", "cpu") and y.cuda() is y
-    assert isinstance(y.detach().numpy(), np.ndarray) and not isinstance(y.data, np.ndarray)
+    assert isinstance(y.detach().numpy(), np.ndarray) and not isinstance(y.array, np.ndarray)
     np.testing.assert_array_equal(y.detach().numpy(), x.detach().numpy())
     (y.cpu() * 2).sum().backward()  # differentiable both ways
     np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3), 2.0, np.float32))
@@ -590,7 +590,7 @@ def test_tiny_gpt_training_step(fake, doc_sep):
     dev_model, dev_losses = _tiny_step("cuda", doc_sep)
     np.testing.assert_allclose(dev_losses, cpu_losses, rtol=1e-6)
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), dev_model.named_parameters()):
-        assert isinstance(q.data, FakeArray), n
+        assert isinstance(q.array, FakeArray), n
         np.testing.assert_allclose(
             comparable(n, q.detach().numpy()),
             comparable(n, p.detach().numpy()),
@@ -618,7 +618,7 @@ def test_checkpoints_cross_devices(fake, tmp_path):
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
     back = GPT(GPTConfig.from_preset("tiny")).to("cuda")
     back.load_state_dict(cpu_model.state_dict())  # host arrays land on the param's device
-    assert all(isinstance(p.data, FakeArray) for p in back.parameters())
+    assert all(isinstance(p.array, FakeArray) for p in back.parameters())
 
 
 # ----------------------------------------------------------------------------- without CuPy

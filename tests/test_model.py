@@ -26,11 +26,11 @@ def to_float64(model, scale=None, seed=0):
     """Cast every parameter to float64; with ``scale``, also redraw it so every path is active."""
     g = np.random.default_rng(seed)
     for name, p in model.named_parameters():
-        a = p.data.astype(np.float64)
+        a = p.array.astype(np.float64)
         if scale is not None:
             ln_weight = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
             a = g.normal(0.0, scale, p.shape) + (1.0 if ln_weight else 0.0)
-        p.data = a
+        p.array = a
     return model
 
 
@@ -38,7 +38,7 @@ def grads(model) -> dict:
     out = {}
     for n, p in model.named_parameters():
         assert p.grad is not None, f"{n} got no gradient"
-        out[n] = p.grad.data.copy()
+        out[n] = p.grad.array.copy()
     return out
 
 
@@ -112,7 +112,7 @@ def test_untied_model_has_a_separate_head():
     assert model.lm_head is not None and model.unembedding is model.lm_head.weight
     assert model.lm_head.weight is not model.transformer.wte.weight
     assert model.lm_head.bias is None
-    assert not np.array_equal(model.lm_head.weight.data, model.transformer.wte.weight.data)
+    assert not np.array_equal(model.lm_head.weight.array, model.transformer.wte.weight.array)
 
 
 @pytest.mark.parametrize("with_head", [True, False])
@@ -138,12 +138,12 @@ def test_untied_load_state_dict_needs_lm_head():
 
 def test_load_state_dict_copies_the_arrays():
     src_model = GPT(tiny())
-    before = src_model.transformer.wte.weight.data.copy()
+    before = src_model.transformer.wte.weight.array.copy()
     model = GPT(tiny())
     model.load_state_dict(src_model.state_dict())
     model(tokens(2, 8), tokens(2, 8, 1))[1].backward()
     AdamW(model.parameters(), lr=0.1).step()
-    np.testing.assert_array_equal(src_model.transformer.wte.weight.data, before)
+    np.testing.assert_array_equal(src_model.transformer.wte.weight.array, before)
 
 
 def test_tied_gradient_is_the_sum_of_both_uses():
@@ -179,7 +179,7 @@ def test_init_statistics():
     model = GPT(cfg)
     proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
     for n, p in model.named_parameters():
-        a = p.data
+        a = p.array
         assert a.dtype == np.float32, n
         if n.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
             np.testing.assert_array_equal(a, 1.0, err_msg=n)
@@ -232,7 +232,7 @@ def test_logits_shapes_and_last_position():
     assert full.shape == (3, 10, V) and loss.shape == ()
     last, none = model(idx)
     assert last.shape == (3, 1, V) and none is None
-    np.testing.assert_allclose(last.data, full.data[:, -1:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(last.array, full.array[:, -1:], rtol=1e-6, atol=1e-6)
 
 
 def test_ignored_targets_do_not_count():
@@ -241,7 +241,7 @@ def test_ignored_targets_do_not_count():
     tgt[0, 3:7] = -1
     tgt[1, 0] = -1
     logits, loss = model(idx, tgt)
-    lg = logits.data.astype(np.float64)
+    lg = logits.array.astype(np.float64)
     logp = lg - lg.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     valid = tgt != -1
@@ -284,10 +284,10 @@ def test_gradient_matches_finite_differences(tie):
 
     def shifted(s):
         for n, p in named:
-            p.data = p.data + s * dirs[n]
+            p.array = p.array + s * dirs[n]
         out = loss_of(model, idx, tgt)
         for n, p in named:
-            p.data = p.data - s * dirs[n]
+            p.array = p.array - s * dirs[n]
         return out
 
     numeric = (shifted(h) - shifted(-h)) / (2 * h)
@@ -296,7 +296,7 @@ def test_gradient_matches_finite_differences(tie):
 
     # a few elements of every parameter, so a gradient missing anywhere shows up
     for n, p in named:
-        flat = p.data.reshape(-1)
+        flat = p.array.reshape(-1)
         for j in rng.choice(flat.size, size=min(3, flat.size), replace=False):
             orig = flat[j]
             flat[j] = orig + h
@@ -327,7 +327,7 @@ def test_fused_attention_matches_explicit(mask):
         model.zero_grad()
         logits, loss = model(idx, tgt, **kw)
         loss.backward()
-        out[fused] = logits.data, grads(model)
+        out[fused] = logits.array, grads(model)
     assert_close("logits", out[True][0], out[False][0], 1e-10, 1e-12)
     for n in out[True][1]:
         assert_close(n, out[True][1][n], out[False][1][n], 1e-9, 1e-12)
@@ -350,7 +350,7 @@ def test_padding_mask_matches_unpadded_runs():
     total = 0.0
     for b, (s, t) in enumerate(zip(seqs, tgts)):
         alone, alone_loss = model(s[None], t[None])
-        assert_close(f"row {b}", logits.data[b, : len(s)], alone.data[0], 1e-9, 1e-12)
+        assert_close(f"row {b}", logits.array[b, : len(s)], alone.array[0], 1e-9, 1e-12)
         total += float(alone_loss.item()) * len(s)
     assert float(loss.item()) == pytest.approx(total / sum(len(s) for s in seqs), rel=1e-10)
 
@@ -364,11 +364,11 @@ def test_masked_keys_are_not_seen():
     other = idx.copy()
     other[0, :3] = (idx[0, :3] + 7) % V
     other[1, 4:6] = (idx[1, 4:6] + 7) % V
-    a = model(idx, idx, attention_mask=am)[0].data
-    b = model(other, idx, attention_mask=am)[0].data
+    a = model(idx, idx, attention_mask=am)[0].array
+    b = model(other, idx, attention_mask=am)[0].array
     assert_close("row 0", a[0, 3:], b[0, 3:], 1e-12, 1e-12)
     assert_close("row 1", a[1, 6:], b[1, 6:], 1e-12, 1e-12)
-    assert np.abs(model(other, idx)[0].data - a).max() > 1e-3  # without the mask they differ
+    assert np.abs(model(other, idx)[0].array - a).max() > 1e-3  # without the mask they differ
 
 
 def test_document_mask_matches_each_document_alone():
@@ -379,12 +379,12 @@ def test_document_mask_matches_each_document_alone():
     row = np.concatenate(pieces)
     row2 = np.concatenate([pieces[1], pieces[0], pieces[2]])  # another packing in the batch
     tgt = tokens(2, len(row), 40)
-    logits = model(np.stack([row, row2]), tgt, doc_sep=eot)[0].data
+    logits = model(np.stack([row, row2]), tgt, doc_sep=eot)[0].array
     for b, order in enumerate([(0, 1, 2), (1, 0, 2)]):
         t0 = 0
         for d in order:
             piece = pieces[d]
-            alone = model(piece[None], tgt[:1, : len(piece)])[0].data[0]
+            alone = model(piece[None], tgt[:1, : len(piece)])[0].array[0]
             assert_close(f"row {b} doc {d}", logits[b, t0 : t0 + len(piece)], alone, 1e-9, 1e-12)
             t0 += len(piece)
 

@@ -43,7 +43,7 @@ def run(opt, params, steps, start=0):
 
 def reference_adamw(steps):
     """torch.optim.AdamW, transcribed: decay, moments, bias-corrected step."""
-    ps = [p.data.copy() for p in make_params()]
+    ps = [p.array.copy() for p in make_params()]
     m = [np.zeros_like(p) for p in ps]
     v = [np.zeros_like(p) for p in ps]
     for t in range(1, steps + 1):
@@ -63,30 +63,30 @@ def test_adamw_matches_the_published_algorithm():
     run(make_opt(params), params, 10)
     for i, (p, want) in enumerate(zip(params, reference_adamw(10))):
         assert p.dtype == np.float64
-        np.testing.assert_allclose(p.data, want, rtol=1e-12, atol=1e-14, err_msg=f"param {i}")
+        np.testing.assert_allclose(p.array, want, rtol=1e-12, atol=1e-14, err_msg=f"param {i}")
 
 
 def test_non_contiguous_parameter_is_updated_like_a_contiguous_one():
     g = np.random.default_rng(0)
     a = Parameter(np.asfortranarray(g.standard_normal((4, 3))))
-    b = Parameter(np.ascontiguousarray(a.data))
+    b = Parameter(np.ascontiguousarray(a.array))
     opts = [AdamW([a], lr=0.1), AdamW([b], lr=0.1)]
     for t in range(3):
         grad = g.standard_normal((4, 3))
         for p, opt in zip((a, b), opts):
             p.grad = tg.Tensor(grad.copy())
             opt.step()
-    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.array, b.array)
     np.testing.assert_array_equal(opts[0].state[a]["exp_avg"], opts[1].state[b]["exp_avg"])
 
 
 def test_parameter_without_grad_is_left_alone():
     params = make_params()
-    before = params[1].data.copy()
+    before = params[1].array.copy()
     opt = make_opt(params)
     params[0].grad = tg.Tensor(grad_at(0, 0))
     opt.step()
-    np.testing.assert_array_equal(params[1].data, before)  # no decay either
+    np.testing.assert_array_equal(params[1].array, before)  # no decay either
     assert params[1] not in opt.state and opt.state[params[0]]["step"] == 1
 
 
@@ -106,7 +106,7 @@ def test_state_dict_resume_is_exact():
             for k, st in sd["state"].items()
         },
     }
-    resumed = [Parameter(p.data.copy()) for p in params]
+    resumed = [Parameter(p.array.copy()) for p in params]
     opt2 = AdamW([{"params": resumed[:2]}, {"params": resumed[2:]}], lr=0.5, weight_decay=0.5)
     opt2.load_state_dict(saved)
     for g2, g in zip(opt2.param_groups, opt.param_groups):
@@ -114,7 +114,7 @@ def test_state_dict_resume_is_exact():
             assert g2[k] == g[k], k
     run(opt2, resumed, 5, start=5)
     for i, (a, b) in enumerate(zip(resumed, straight)):
-        np.testing.assert_array_equal(a.data, b.data, err_msg=f"param {i}")
+        np.testing.assert_array_equal(a.array, b.array, err_msg=f"param {i}")
 
 
 def test_load_state_dict_refuses_other_groups():
@@ -162,21 +162,21 @@ def test_clip_grad_norm_scales_down_to_max_norm():
     )
     total = clip_grad_norm_(ps, max_norm=1.0)
     assert total == pytest.approx(want, rel=1e-6)
-    after = math.sqrt(sum(float((p.grad.data.astype(np.float64) ** 2).sum()) for p in ps[:2]))
+    after = math.sqrt(sum(float((p.grad.array.astype(np.float64) ** 2).sum()) for p in ps[:2]))
     assert after == pytest.approx(1.0, rel=1e-5)
     for p, a in zip(ps, arrays):  # same direction
-        np.testing.assert_allclose(p.grad.data * (want / after), a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(p.grad.array * (want / after), a, rtol=1e-5, atol=1e-6)
     assert ps[2].grad is None
 
 
 def test_clip_grad_norm_leaves_small_gradients():
     arrays = [np.full((2, 2), 0.1), np.full(3, -0.2)]
     ps = grads_of(arrays)
-    before = [p.grad.data.copy() for p in ps]
+    before = [p.grad.array.copy() for p in ps]
     total = clip_grad_norm_(ps, max_norm=5.0)
     assert total == pytest.approx(math.sqrt(4 * 0.01 + 3 * 0.04), rel=1e-6)
     for p, b in zip(ps, before):
-        np.testing.assert_array_equal(p.grad.data, b)
+        np.testing.assert_array_equal(p.grad.array, b)
 
 
 def test_cosine_lr_shape():

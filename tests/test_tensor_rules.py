@@ -224,7 +224,7 @@ def test_a_saved_base_written_through_a_view_still_raises_at_backward():
 def test_full_reductions_are_0d_arrays():
     x = tg.randn(3, 4)
     for r in (x.sum(), x.mean(), x.amax(), x.var(), x.max(), x.norm()):
-        assert isinstance(r.data, np.ndarray) and r.shape == ()
+        assert isinstance(r.array, np.ndarray) and r.shape == ()
 
 
 def test_in_place_on_0d_and_non_leaf_tensors_is_recorded():

@@ -789,6 +789,19 @@ def _inference():
     return y.requires_grad
 
 
+def _through_data(edit):
+    """Edit a Linear's weight through .data (init code's idiom) and show the weight."""
+    lin = nn.Linear(2, 2)
+    edit(lin.weight.data)
+    return lin.weight, lin.weight.data.requires_grad, type(lin.weight.data).__name__
+
+
+def _data_iadd():
+    p = nn.Parameter(torch.ones(2))
+    p.data += torch.tensor([1.0, 2.0])
+    return p
+
+
 LR = torch.optim.lr_scheduler
 IDIOMS = [
     (
@@ -1138,6 +1151,35 @@ IDIOMS = [
         "[0.1, 0.55, 1.0, 0.75, 0.25, 0.0]",
     ),
     ("inference_mode", lambda: _inference(), "False"),
+    (
+        "p.data.zero_()",
+        lambda: _through_data(lambda d: d.zero_()),
+        "(Parameter containing:\ntensor([[0., 0.],\n        [0., 0.]], requires_grad=True), "
+        "False, 'Tensor')",
+    ),
+    (
+        "p.data.fill_()",
+        lambda: _through_data(lambda d: d.fill_(0.5))[0],
+        "Parameter containing:\ntensor([[0.5000, 0.5000],\n        [0.5000, 0.5000]], "
+        "requires_grad=True)",
+    ),
+    (
+        "p.data.copy_() then mul_()",
+        lambda: _through_data(lambda d: d.copy_(torch.eye(2)).mul_(3))[0],
+        "Parameter containing:\ntensor([[3., 0.],\n        [0., 3.]], requires_grad=True)",
+    ),
+    (
+        "p.data += t",
+        lambda: _data_iadd(),
+        "Parameter containing:\ntensor([2., 3.], requires_grad=True)",
+    ),
+    (
+        "x.data shares memory, outside autograd",
+        lambda: (lambda x: (x.data.requires_grad, x.data.grad_fn, x.data.shape))(
+            torch.ones(2, 3, requires_grad=True) * 2
+        ),
+        "(False, None, torch.Size([2, 3]))",
+    ),
 ]
 
 
@@ -1310,7 +1352,9 @@ def test_mixed_indexing_writes_where_pytorch_reads():
 def test_parameter_data_assignment_and_set_to_none():
     lin = nn.Linear(3, 4)
     lin.weight.data = torch.zeros(4, 3)  # a Tensor: its array is stored
-    assert isinstance(lin.weight.data, np.ndarray) and lin.weight.detach().numpy().sum() == 0
+    assert isinstance(lin.weight.array, np.ndarray) and lin.weight.detach().numpy().sum() == 0
+    lin.weight.data = np.ones((4, 3), np.float32)  # an array is stored as it is
+    assert lin.weight.detach().numpy().sum() == 12 and isinstance(lin.weight.data, torch.Tensor)
     lin.bias = None  # stays a registered (absent) parameter, as PyTorch
     assert list(dict(lin.named_parameters())) == ["weight"] and lin.bias is None
     with pytest.raises(TypeError, match="cannot assign 'torch.FloatTensor' as parameter 'bias'"):

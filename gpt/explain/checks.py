@@ -91,12 +91,12 @@ def finite_differences(
         seen.add((name, i, j))
         p, p64 = params[name], params64[name]
         g = None if p.grad is None else float(host(p.grad)[i, j])
-        w = p64.data[i, j]
-        p64.data[i, j] = w + FD_STEP
+        w = p64.array[i, j]
+        p64.array[i, j] = w + FD_STEP
         up = loss64(model64, idx, targets)
-        p64.data[i, j] = w - FD_STEP
+        p64.array[i, j] = w - FD_STEP
         down = loss64(model64, idx, targets)
-        p64.data[i, j] = w
+        p64.array[i, j] = w
         fd = (up - down) / (2 * FD_STEP)
         if scale is None:  # an extra element: the scale of its whole matrix
             scale = float(np.abs(host(p.grad)).max()) if p.grad is not None else 0.0
@@ -123,7 +123,7 @@ def loss_change(named, grads: dict, before: dict, model64, idx, targets, loss_be
     params64 = dict(model64.named_parameters())
     for n, p in named:
         dw = host(p).astype(np.float64) - before[n]
-        params64[n].data = p.data.astype("float64")  # the copy takes the new weights, in place
+        params64[n].array = p.array.astype("float64")  # the copy takes the new weights, in place
         if grads.get(n) is not None:
             contrib.append((n, float(np.sum(grads[n].astype(np.float64) * dw))))
     after = loss64(model64, idx, targets)

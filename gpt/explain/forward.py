@@ -19,7 +19,7 @@ from tensorgrad import get_array_module, to_numpy
 
 
 def host(t) -> np.ndarray:
-    return to_numpy(t.data if isinstance(t, tg.Tensor) else t)
+    return to_numpy(t.array if isinstance(t, tg.Tensor) else t)
 
 
 def norm(a) -> float:
@@ -158,7 +158,7 @@ def block_forward(block, i, x, allowed, rec=None, ablate: int | None = None):
     )
     y = r(f"h{i}.att_out", "attention output", att @ v, heads, "att · v", i)
     if ablate is not None:
-        xp = get_array_module(y.data)
+        xp = get_array_module(y.array)
         keep = xp.ones((1, nh, 1, 1), dtype=y.dtype)
         keep[0, ablate] = 0  # (1, nh, 1, 1): head `ablate` contributes nothing to W_O's input
         y = y * tg.Tensor(keep)

@@ -174,7 +174,7 @@ def explain(
     T, C = len(ids) - 1, cfg.n_embd
 
     tg.manual_seed(seed)
-    dev = device_of(model.transformer.wte.weight.data)
+    dev = device_of(model.transformer.wte.weight.array)
     idx = to_device(np.asarray([ids[:-1]], dtype=np.int64), dev)
     targets = to_device(np.asarray([ids[1:]], dtype=np.int64), dev)
     was_training = model.training

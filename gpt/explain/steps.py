@@ -120,7 +120,7 @@ class Session:
         """The loss on the prompt with the current weights (no step, dropout off)."""
         cfg = self.model.config
         ids, _ = prompt_ids(self.tokenizer, self.prompt, cfg.block_size, self.max_tokens)
-        dev = device_of(self.model.transformer.wte.weight.data)
+        dev = device_of(self.model.transformer.wte.weight.array)
         was = self.model.training
         self.model.eval()
         try:

@@ -57,6 +57,6 @@ class Guard:
                 it,
             )
         for p in params:
-            xp = get_array_module(p.data)
-            if not bool(xp.isfinite(p.data).all()):
+            xp = get_array_module(p.array)
+            if not bool(xp.isfinite(p.array).all()):
                 raise Diverged("non-finite weights in the evaluation", it)

@@ -84,7 +84,7 @@ def grad(
     for i, (x, key) in enumerate(zip(inputs, keys)):
         g = sink.targets[key]
         if g is None and materialize_grads:
-            g = _zeros(get_array_module(x.data), (x.data.shape, x.data.dtype), True)
+            g = _zeros(get_array_module(x.array), (x.array.shape, x.array.dtype), True)
         elif g is None and not allow_unused:
             raise RuntimeError(
                 f"grad: input {i} (shape {tuple(x.shape)}) was not used in computing the "
@@ -110,17 +110,17 @@ def _roots(outputs, grads, create_graph: bool, who: str) -> list:
                 f"{who}() on a tensor that does not require grad (no input needed a gradient, "
                 "or it was computed under no_grad)"
             )
-        xp = get_array_module(y.data)
+        xp = get_array_module(y.array)
         if g is None:
-            if y.data.size != 1:
+            if y.array.size != 1:
                 raise RuntimeError(
                     f"{who}() without a gradient argument needs a scalar output, got shape "
                     f"{tuple(y.shape)}; pass a gradient of the same shape"
                 )
-            g = xp.ones_like(y.data)
+            g = xp.ones_like(y.array)
         elif not (create_graph and is_tensor(g)):
-            g = g.data if is_tensor(g) else xp.asarray(g, dtype=y.dtype)
-        if tuple(g.shape) != tuple(y.data.shape):
+            g = g.array if is_tensor(g) else xp.asarray(g, dtype=y.dtype)
+        if tuple(g.shape) != tuple(y.array.shape):
             raise RuntimeError(
                 f"{who}(): gradient shape {tuple(g.shape)} does not match the output "
                 f"shape {tuple(y.shape)}"
@@ -254,7 +254,7 @@ def _run_node(fn: Op, gys, create_graph: bool, sink: _Sink):
         elif sink.targets is not None and (id(fn), i) in sink.targets:
             sink.targets[(id(fn), i)] = _accumulate(sink.targets[(id(fn), i)], g)
     if any(g is None for g in gys):  # outputs that received no gradient contribute zeros
-        xp = get_array_module(*[g.data if is_tensor(g) else g for g in gys if g is not None])
+        xp = get_array_module(*[g.array if is_tensor(g) else g for g in gys if g is not None])
         gys = [_zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)]
     if create_graph:
         gxs = differentiable_backward(fn, [constant(g) for g in gys])
@@ -356,7 +356,7 @@ def run_hooks(hooks, g):
                     "return a Tensor of the same shape (or None to keep it)"
                 )
             gt = new.astype(gt.dtype)
-    return gt.data if was_array else gt
+    return gt.array if was_array else gt
 
 
 class RemovableHandle:
@@ -434,10 +434,10 @@ def _check_grads(fn: Op, gxs) -> None:
 
 def _accumulate_grad(t, g) -> None:
     """Add g (exactly t's shape and dtype, by the contract) into leaf t's ``.grad``."""
-    if tuple(g.shape) != tuple(t.data.shape) or g.dtype != t.data.dtype:
+    if tuple(g.shape) != tuple(t.array.shape) or g.dtype != t.array.dtype:
         raise RuntimeError(
             f"gradient of shape {tuple(g.shape)} and dtype {g.dtype} does not match the leaf's "
-            f"shape {tuple(t.data.shape)} and dtype {t.data.dtype}"
+            f"shape {tuple(t.array.shape)} and dtype {t.array.dtype}"
         )
     if is_tensor(g):  # create_graph: .grad is a tensor of the graph, added out of place
         t.grad = g if t.grad is None else t.grad + g
@@ -447,7 +447,7 @@ def _accumulate_grad(t, g) -> None:
             g = g.copy()  # a broadcast view (from sum/mean/expand): .grad must be writable
         t.grad = constant(g)
         return
-    old = t.grad.data
+    old = t.grad.array
     if (
         getattr(old, "base", None) is None  # owns its memory: not a view of a shared array
         and getattr(old.flags, "writeable", True)
@@ -470,7 +470,7 @@ def _refs(a) -> int:
 
 
 class _Holder:
-    __slots__ = ("data",)
+    __slots__ = ("array",)
 
 
 def _calibrate() -> int:
@@ -478,8 +478,8 @@ def _calibrate() -> int:
     measured with the same code shape, because interpreters count a local variable or a
     call's argument differently (CPython 3.14 borrows some references)."""
     h = _Holder()
-    h.data = object()
-    old = h.data
+    h.array = object()
+    old = h.array
     return _refs(old)
 
 

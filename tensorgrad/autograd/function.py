@@ -66,7 +66,7 @@ def node_view(node, t):
     if node is not None:
         for j, o in enumerate(node.raw_outputs):
             if o is t and node.out_meta[j][1].kind == "f" and id(o) not in node.ctx._nondiff:
-                return type(t)._make(t.data, node, j)
+                return type(t)._make(t.array, node, j)
     return t
 
 
@@ -109,8 +109,8 @@ class Function:
 
 def _output(node, j: int, o, ctx):
     if id(o) in ctx._nondiff or o.dtype.kind != "f":
-        return constant(o.data)
-    r = type(o)._make(o.data, node, j)
+        return constant(o.array)
+    r = type(o)._make(o.array, node, j)
     r._version = o._version  # an in-place change to either is seen by saved_tensors
     return r
 
@@ -139,5 +139,5 @@ class _CustomNode(Op):
                 )
             if gx is not None and i < len(self.in_meta) and self.in_meta[i] is None:
                 gx = None  # a gradient for an input that needs none is dropped, as in PyTorch
-            out.append(gx if gx is None or recording else gx.data)
+            out.append(gx if gx is None or recording else gx.array)
         return tuple(out)

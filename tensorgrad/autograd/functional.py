@@ -35,7 +35,7 @@ def _grads(outputs, inputs, vs, create_graph: bool) -> tuple:
     outs = [o for o in outputs if o.requires_grad]
     keep = [v for o, v in zip(outputs, vs) if o.requires_grad]
     if not outs:
-        return tuple(constant(x.data * 0) for x in inputs)
+        return tuple(constant(x.array * 0) for x in inputs)
     return grad(
         outs, inputs, keep, create_graph=create_graph, retain_graph=True, materialize_grads=True
     )
@@ -67,7 +67,7 @@ def jvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
     with enable_grad():
         out = func(*xs)
         outs = _as_tuple(out)
-        us = tuple(constant(o.data * 0).requires_grad_(True) for o in outs)
+        us = tuple(constant(o.array * 0).requires_grad_(True) for o in outs)
         g = _grads(outs, xs, us, create_graph=True)
         jv = _grads(g, us, vs, create_graph)
     return _pack(_finish(outs, create_graph), out), _pack(_finish(jv, create_graph), out)
@@ -82,12 +82,12 @@ def jacobian(func, inputs, create_graph: bool = False, strict: bool = False, vec
         outs = _as_tuple(out)
         rows = []
         for o in outs:
-            xp = get_array_module(o.data)
+            xp = get_array_module(o.array)
             per_input = [[] for _ in xs]
-            for k in range(o.data.size):
-                e = xp.zeros(o.data.size, o.data.dtype)
+            for k in range(o.array.size):
+                e = xp.zeros(o.array.size, o.array.dtype)
                 e[k] = 1
-                g = _grads((o,), xs, (constant(e.reshape(o.data.shape)),), create_graph)
+                g = _grads((o,), xs, (constant(e.reshape(o.array.shape)),), create_graph)
                 for j, gj in enumerate(g):
                     per_input[j].append(gj)
             rows.append(tuple(_stack_rows(p, o, x) for p, x in zip(per_input, xs)))
@@ -100,7 +100,7 @@ def jacobian(func, inputs, create_graph: bool = False, strict: bool = False, vec
 def _stack_rows(gs, o, x):
     shape = tuple(o.shape) + tuple(x.shape)
     if not gs:
-        return constant(x.data.reshape(shape))
+        return constant(x.array.reshape(shape))
     xp = xp_of(*gs)
     return xp.reshape(xp.stack(gs, axis=0), shape)
 
@@ -137,9 +137,9 @@ def vhp(func, inputs, v, create_graph: bool = False, strict: bool = False):
 
 def _vectors(v, like, who: str) -> tuple:
     if v is None:
-        if any(t.data.size != 1 for t in like):
+        if any(t.array.size != 1 for t in like):
             raise RuntimeError(f"{who}: v is required unless every tensor has one element")
-        return tuple(constant(t.data * 0 + 1) for t in like)
+        return tuple(constant(t.array * 0 + 1) for t in like)
     vs = _as_tuple(v)
     if len(vs) != len(like) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(vs, like)):
         raise RuntimeError(

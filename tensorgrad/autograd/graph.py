@@ -174,7 +174,7 @@ class Op:
     @classmethod
     def apply(cls, *inputs, **kwargs):
         Tensor = _tensor_type
-        arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
+        arrays = [x.array if isinstance(x, Tensor) else x for x in inputs]
         if _backend._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
             _backend.check_same_device(cls.__name__.lower(), arrays)
         impl = cls
@@ -204,19 +204,19 @@ class Op:
         for x in inputs:
             if is_tensor(x) and x.requires_grad:
                 edges.append((x._node, x._out_index) if x._node is not None else x)
-                in_meta.append((x.data.shape, x.data.dtype))
+                in_meta.append((x.array.shape, x.array.dtype))
             else:
                 edges.append(None)
                 in_meta.append(None)
         self.edges, self.in_meta = edges, in_meta
         self.n_out = len(results)
-        self.out_meta = [(r.data.shape, r.data.dtype) for r in results]
+        self.out_meta = [(r.array.shape, r.array.dtype) for r in results]
         self.retained = self.hooks = None
         self.released = False
         self.checks = ()
         if "saved" in self.__dict__:
             self.checks = _guard_saved(self, inputs, results)
-            self.links = saved_links(self.saved, inputs, [r.data for r in results])
+            self.links = saved_links(self.saved, inputs, [r.array for r in results])
 
 
 def _scalars_as_arrays(fn: Op, outs) -> tuple:
@@ -232,7 +232,7 @@ def _scalars_as_arrays(fn: Op, outs) -> tuple:
 def saved_links(saved, inputs, outs) -> tuple:
     """Where each saved array came from: ``(0, k)`` input k, ``(1, j)`` output j, or None
     (a constant), so that a differentiable backward can reconnect it to the graph."""
-    arrays = [x.data if is_tensor(x) else x for x in inputs]
+    arrays = [x.array if is_tensor(x) else x for x in inputs]
     links = []
     for s in saved:
         link = None
@@ -253,7 +253,7 @@ def _guard_saved(fn: Op, inputs, results) -> list:
             continue  # None, Python scalars and 0-d arrays cannot be changed behind our back
         for t in (*inputs, *results):
             if is_tensor(t):
-                if shares_memory(s, t.data) and all(c[0] is not t for c in checks):
+                if shares_memory(s, t.array) and all(c[0] is not t for c in checks):
                     checks.append((t, t._version[0]))
             elif hasattr(t, "dtype") and getattr(t, "ndim", 0) and shares_memory(s, t):
                 saved[i], copied = s.copy(), True

@@ -298,7 +298,7 @@ def all_reduce(x, op: str = "sum", group=None, async_op: bool = False):
     if op not in _OPS:
         raise ValueError(f"all_reduce: op must be one of {', '.join(_OPS)}, got {op!r}")
     is_tensor = hasattr(x, "data") and hasattr(x, "grad")
-    a = x.data if is_tensor else x
+    a = x.array if is_tensor else x
     if op == "mean" and not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"all_reduce: op='mean' needs a floating-point array, got {a.dtype}")
     g = _g()
@@ -312,7 +312,7 @@ def all_reduce(x, op: str = "sum", group=None, async_op: bool = False):
     if op == "mean":
         a *= a.dtype.type(1.0 / g.size)
     if is_tensor:
-        x.data = a
+        x.array = a
     return x
 
 
@@ -335,7 +335,7 @@ def broadcast(x, root: int = 0, group=None, async_op: bool = False, *, src: int 
     if g.size == 1:
         return x
     is_tensor = hasattr(x, "data") and hasattr(x, "grad")
-    a = x.data if is_tensor else x
+    a = x.array if is_tensor else x
     if is_tensor:
         a = get_array_module(a).ascontiguousarray(a).copy()
     elif not a.flags.c_contiguous:
@@ -346,7 +346,7 @@ def broadcast(x, root: int = 0, group=None, async_op: bool = False, *, src: int 
         else:
             g.comm.Bcast(a, root=root)
     if is_tensor:
-        x.data = a
+        x.array = a
     return x
 
 
@@ -536,11 +536,11 @@ class DataParallel:
         self.buckets: list[list[int]] = [[]]
         n = 0
         for i, p in enumerate(self.params):
-            if self.buckets[-1] and n + p.data.size > limit:
+            if self.buckets[-1] and n + p.array.size > limit:
                 self.buckets.append([])
                 n = 0
             self.buckets[-1].append(i)
-            n += p.data.size
+            n += p.array.size
         self.comm_seconds, self.comm_bytes, self.reductions = 0.0, 0, 0
         if broadcast_from is not None:
             self.broadcast_parameters(broadcast_from)
@@ -551,13 +551,13 @@ class DataParallel:
             return
         for bucket in self.buckets:
             ps = [self.params[i] for i in bucket]
-            xp = get_array_module(ps[0].data)
-            flat = xp.concatenate([xp.ravel(p.data) for p in ps]).astype(np.float32, copy=False)
+            xp = get_array_module(ps[0].array)
+            flat = xp.concatenate([xp.ravel(p.array) for p in ps]).astype(np.float32, copy=False)
             broadcast(flat, root)
             o = 0
             for p in ps:
-                n = p.data.size
-                p.data[...] = flat[o : o + n].reshape(p.data.shape)  # in place: views stay valid
+                n = p.array.size
+                p.array[...] = flat[o : o + n].reshape(p.array.shape)  # in place: views stay valid
                 o += n
 
     def backward(self, loss, sync: bool = True) -> None:
@@ -573,13 +573,13 @@ class DataParallel:
             return
         for bucket in self.buckets:
             ps = [self.params[i] for i in bucket]
-            ref = next((p.grad.data for p in ps if p.grad is not None), ps[0].data)
+            ref = next((p.grad.array for p in ps if p.grad is not None), ps[0].array)
             xp = get_array_module(ref)
-            sizes = [p.data.size for p in ps]
+            sizes = [p.array.size for p in ps]
             flat = xp.empty(sum(sizes) + len(ps), dtype=np.float32)  # grads, then has-grad flags
             o = 0
             for p, n in zip(ps, sizes):
-                flat[o : o + n] = 0 if p.grad is None else xp.ravel(p.grad.data)
+                flat[o : o + n] = 0 if p.grad is None else xp.ravel(p.grad.array)
                 o += n
             flat[o:] = xp.asarray([p.grad is not None for p in ps], dtype=np.float32)
             t0 = time.perf_counter()
@@ -591,9 +591,9 @@ class DataParallel:
             for p, n, has in zip(ps, sizes, flags):
                 if has > 0:
                     g = flat[o : o + n].reshape(
-                        p.data.shape
+                        p.array.shape
                     )  # a fresh buffer each step: no aliasing
-                    g = g if g.dtype == p.data.dtype else g.astype(p.data.dtype)
+                    g = g if g.dtype == p.array.dtype else g.astype(p.array.dtype)
                     p.grad = Tensor._make(g, None, 0)
                 o += n
             self.comm_bytes += flat.nbytes

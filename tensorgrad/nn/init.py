@@ -65,10 +65,10 @@ def trunc_normal_(
     """N(mean, std²) samples, redrawn until they fall inside [a, b] (absolute bounds)."""
     with no_grad():
         tensor.normal_(mean, std, generator=generator)
-        xp_data = tensor.data
+        xp_data = tensor.array
         bad = (xp_data < a) | (xp_data > b)
         while bool(bad.any()):
-            fresh = tensor.clone().normal_(mean, std, generator=generator).data
+            fresh = tensor.clone().normal_(mean, std, generator=generator).array
             xp_data[bad] = fresh[bad]
             bad = (xp_data < a) | (xp_data > b)
         tensor._version[0] += 1

@@ -20,7 +20,7 @@ class Parameter(Tensor):
 
     def __init__(self, data, requires_grad: bool = True):
         super().__init__(
-            data.data if isinstance(data, Tensor) else data, requires_grad=requires_grad
+            data.array if isinstance(data, Tensor) else data, requires_grad=requires_grad
         )
 
     def __repr__(self):
@@ -283,10 +283,10 @@ class Module:
         for n, v in state.items():
             if n in own:
                 p = own[n]
-                arr = v.data if isinstance(v, Tensor) else v
+                arr = v.array if isinstance(v, Tensor) else v
                 # a contiguous copy: the optimizer updates parameters in place
                 arr = get_array_module(arr).array(arr, dtype=p.dtype, order="C", copy=True)
-                p.data = to_device(arr, p.device)
+                p.array = to_device(arr, p.device)
                 p._version[0] += 1
         return IncompatibleKeys(missing, unexpected)
 
@@ -305,7 +305,7 @@ class Module:
             if set_to_none or p.grad is None:
                 p.grad = None
             else:
-                p.grad.data = get_array_module(p.grad.data).zeros_like(p.grad.data)
+                p.grad.array = get_array_module(p.grad.array).zeros_like(p.grad.array)
 
     def requires_grad_(self, requires_grad: bool = True):
         for p in self.parameters():
@@ -319,13 +319,13 @@ class Module:
         device, dtype = to_args(args, kwargs)
         tensors = list(self.parameters()) + list(self.buffers())
         for t in tensors:
-            arr = t.data
+            arr = t.array
             if device is not None:
                 arr = to_device(arr, device)
             if dtype is not None and arr.dtype.kind == "f":
                 arr = arr.astype(dtype)
-            if arr is not t.data:
-                t.data = arr
+            if arr is not t.array:
+                t.array = arr
                 t._version[0] += 1
                 if isinstance(t, Parameter):
                     t.grad = None

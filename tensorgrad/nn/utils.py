@@ -30,7 +30,7 @@ def clip_grad_norm_(
     params = _with_grads(parameters)
     if not params:
         return Tensor(0.0)
-    grads = [p.grad.data for p in params]
+    grads = [p.grad.array for p in params]
     if inf:
         total = max(float(to_numpy(abs(g).max())) if g.size else 0.0 for g in grads)
     else:
@@ -42,7 +42,7 @@ def clip_grad_norm_(
         if coef < 1.0:
             for p in params:
                 # a new array: gradient arrays may be shared between tensors
-                p.grad.data = p.grad.data * p.grad.data.dtype.type(coef)
+                p.grad.array = p.grad.array * p.grad.array.dtype.type(coef)
     xp = get_array_module(grads[0])
     return Tensor(xp.asarray(total, dtype=grads[0].dtype), dtype=grads[0].dtype)
 
@@ -50,5 +50,5 @@ def clip_grad_norm_(
 def clip_grad_value_(parameters, clip_value: float) -> None:
     """Clamp every gradient element to [-clip_value, clip_value], in place."""
     for p in _with_grads(parameters):
-        xp = get_array_module(p.grad.data)
-        p.grad.data = xp.clip(p.grad.data, -clip_value, clip_value)
+        xp = get_array_module(p.grad.array)
+        p.grad.array = xp.clip(p.grad.array, -clip_value, clip_value)

@@ -20,7 +20,7 @@ def _shape(a):
 
 def _data(a):
     """The array of a saved value (a Tensor under create_graph), for masks and comparisons."""
-    return a.data if is_tensor(a) else a
+    return a.array if is_tensor(a) else a
 
 
 def _gt(a, b):

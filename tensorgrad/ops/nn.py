@@ -24,7 +24,7 @@ GELU_C = 0.044715
 
 def _array(a):
     """The array of a saved value (a Tensor under create_graph): masks, ids, shifts."""
-    return a.data if is_tensor(a) else a
+    return a.array if is_tensor(a) else a
 
 
 def _mT(a):

@@ -84,7 +84,7 @@ class Max(Op):
         return y if keepdim else y.reshape([s for i, s in enumerate(y.shape) if i not in self.axes])
 
     def backward(self, g):
-        x, y = (a.data if is_tensor(a) else a for a in self.saved)  # the ties carry no gradient
+        x, y = (a.array if is_tensor(a) else a for a in self.saved)  # the ties carry no gradient
         g = _expand_back(g, x.shape, self.axes, self.keepdim)
         hit = x == y
         count = hit.sum(axis=self.axes, keepdims=True).astype(g.dtype)

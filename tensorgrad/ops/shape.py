@@ -126,7 +126,7 @@ def _check_bounds(x, key):
 
 
 def _array(a):
-    return a.data if is_tensor(a) else a
+    return a.array if is_tensor(a) else a
 
 
 def _arrays_only(fn: Op, g) -> None:

@@ -20,7 +20,7 @@ from . import unary as U
 
 
 def _data(a):
-    return a.data if is_tensor(a) else a
+    return a.array if is_tensor(a) else a
 
 
 class TensorXP:

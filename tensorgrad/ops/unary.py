@@ -80,7 +80,7 @@ def others_product(a):
     the product of each row with element i set to 1, through Prod itself, so that it can be
     differentiated again."""
     if is_tensor(a):
-        xp, raw = xp_of(a), get_array_module(a.data)
+        xp, raw = xp_of(a), get_array_module(a.array)
         n = a.shape[-1]
         eye = raw.eye(n, dtype=bool)  # (n, n): row i marks element i
         rows = xp.where(eye, a.dtype.type(1), xp.reshape(a, a.shape[:-1] + (1, n)))

@@ -57,7 +57,7 @@ class Optimizer:
                 if set_to_none or p.grad is None:
                     p.grad = None
                 else:
-                    p.grad.data = get_array_module(p.grad.data).zeros_like(p.grad.data)
+                    p.grad.array = get_array_module(p.grad.array).zeros_like(p.grad.array)
 
     def _params(self):
         return [p for g in self.param_groups for p in g["params"]]
@@ -68,10 +68,10 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                x = p.data
+                x = p.array
                 if not x.flags.c_contiguous:  # the update works on flat views
-                    x = p.data = get_array_module(x).ascontiguousarray(x)
-                yield group, p, p.grad.data, x
+                    x = p.array = get_array_module(x).ascontiguousarray(x)
+                yield group, p, p.grad.array, x
 
     def state_dict(self) -> dict:
         """{'param_groups': hyperparameters and parameter indices, 'state': index -> state}."""
