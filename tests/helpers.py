@@ -82,7 +82,7 @@ def check_op(
         )
         if want.dtype.kind == "b":
             assert out.dtype == np.bool_, f"{op} on ({shapes}): dtype {out.dtype}, not bool"
-        if out.data.size:
+        if out.array.size:
             k, g, w, bad = _worst(out.detach().numpy(), want, atol, rtol)
             assert not bad, (
                 f"{op} on inputs ({shapes}): forward differs at {tuple(map(int, k))}: "

@@ -81,7 +81,7 @@ def assert_same(name, got, want, rtol=1e-4, atol=1e-5, grad_atol=1e-4):
 def test_device_api():
     x = tg.randn(3, 4, requires_grad=True)
     y = x.to("cuda")
-    assert y.device == "cuda" and isinstance(y.data, cp.ndarray) and y.cuda() is y
+    assert y.device == "cuda" and isinstance(y.array, cp.ndarray) and y.cuda() is y
     assert x.cuda().device == "cuda" and y.cpu().device == "cpu"
     assert isinstance(y.detach().numpy(), np.ndarray)
     np.testing.assert_array_equal(y.detach().numpy(), x.detach().numpy())
@@ -95,9 +95,9 @@ def test_device_api():
         tg.randint(0, 3, (2,), device="cuda"),
         tg.full((2,), 1.0, device="cuda"),
     ):
-        assert isinstance(t.data, cp.ndarray)
+        assert isinstance(t.array, cp.ndarray)
     lin = tg.nn.Linear(4, 2).cuda()
-    assert all(isinstance(p.data, cp.ndarray) for p in lin.parameters())
+    assert all(isinstance(p.array, cp.ndarray) for p in lin.parameters())
     with pytest.raises(RuntimeError, match="cuda and cpu|cpu and cuda"):
         lin(tg.ones(1, 4))
 
@@ -272,7 +272,7 @@ def test_tiny_gpt_training_gpu_vs_cpu(fused):
     gpu_model, _, gpu_losses = _train("cuda")
     np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-5)
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
-        assert isinstance(q.data, cp.ndarray), n
+        assert isinstance(q.array, cp.ndarray), n
         np.testing.assert_allclose(
             comparable(n, q.detach().numpy()),
             comparable(n, p.detach().numpy()),
@@ -304,7 +304,7 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
     cpu_model = GPT(GPTConfig.from_preset("tiny"))
     cpu_model.load_state_dict(load_arrays(tmp_path / "model.safetensors"))
     for (n, p), (_, q) in zip(cpu_model.named_parameters(), gpu_model.named_parameters()):
-        assert isinstance(p.data, np.ndarray)
+        assert isinstance(p.array, np.ndarray)
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=n)
     sd = opt.state_dict()
     cpu_opt = cpu_model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2)

@@ -281,7 +281,7 @@ def test_from_pretrained_equals_transformers_from_the_same_cache(gpt2, cache):
     np.testing.assert_allclose(logits(ours, ids), theirs, rtol=0, atol=1e-4)
     for name, p in hf.named_parameters():
         w = p.detach().numpy()
-        mine = dict(ours.named_parameters())[name].data
+        mine = dict(ours.named_parameters())[name].array
         assert np.array_equal(np.asarray(mine), w.T if w.ndim == 2 and "c_" in name else w), name
 
 

@@ -117,7 +117,7 @@ def _as_tensors(arrays, device):
 
 def _kept_bytes(fn: Op, inputs) -> int:
     """Bytes of the arrays an op keeps for backward, not counting its inputs' own memory."""
-    ins = [t.data for t in inputs if isinstance(t, tg.Tensor)]
+    ins = [t.array for t in inputs if isinstance(t, tg.Tensor)]
 
     def arrays(v):
         if hasattr(v, "nbytes") and hasattr(v, "dtype"):

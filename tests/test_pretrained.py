@@ -110,7 +110,7 @@ def reference_logits(w, idx, gelu=gelu_tanh):
 
 
 def model_logits(model, idx):
-    return model(idx, np.zeros_like(idx))[0].data  # with targets: every position
+    return model(idx, np.zeros_like(idx))[0].array  # with targets: every position
 
 
 # ----------------------------------------------------------------------------- loading
