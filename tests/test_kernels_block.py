@@ -168,3 +168,34 @@ def test_gpt_block_fuses_only_when_nothing_else_is_in_play():
     assert type(block(x)._node).__name__ == "NumbaGPT2Block"
     block.attn.fused = False
     assert type(block(x)._node).__name__ != "NumbaGPT2Block"
+
+
+@NEEDS_KERNELS
+@pytest.mark.parametrize(
+    ("dropout", "want"),
+    [
+        (0.0, {"cpu.numba.gpt2_block", "cpu.numba.layer_norm", "cpu.numba.cross_entropy"}),
+        (0.1, {"cpu.inplace.attention", "cpu.numba.gelu", "cpu.numba.layer_norm"}),
+    ],
+)
+def test_a_gpt_training_step_runs_its_cpu_kernels(monkeypatch, dropout, want):
+    """A predicate that stops accepting what the model passes would fall back to the
+    reference silently (right numbers, slow step): name the kernels a step must use."""
+    pytest.importorskip("numba")
+    from gpt.model import GPT, GPTConfig
+
+    names, ran, pick = {id(k.impl): k.name for k in kernels.registered()}, set(), kernels.pick
+
+    def recording_pick(*args, **kwargs):
+        impl = pick(*args, **kwargs)
+        if impl is not None:
+            ran.add(names[id(impl)])
+        return impl
+
+    monkeypatch.setattr(kernels, "pick", recording_pick)
+    cfg = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=16, dropout=dropout)
+    gpt = GPT(cfg)
+    idx = np.random.default_rng(0).integers(0, 11, (2, 16))
+    gpt(idx, idx)[1].backward()
+    tg.optim.AdamW(gpt.parameters()).step()
+    assert want <= ran, f"missing {sorted(want - ran)}; ran {sorted(ran)}"

@@ -44,7 +44,7 @@ def numpy_array(a):
     """The NumPy array behind a raw array or a Tensor (None for anything else)."""
     if isinstance(a, np.ndarray):
         return a
-    d = getattr(a, "data", None)
+    d = getattr(a, "array", None)
     return d if isinstance(d, np.ndarray) else None
 
 
