@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .common import BLAS_ENV_VARS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,8 +57,14 @@ def write_corpus(path: Path) -> None:
     path.write_text("\n".join(text for _, text in read_shakespeare()), encoding="utf-8")
 
 
+KEEP_BLAS_ENV = [False]  # --keep-blas-env
+
+
 def _thread_env(n: int) -> dict:
     env = dict(os.environ)  # (GPT_CACHE_DIR: the run's own data cache, set by main)
+    if not KEEP_BLAS_ENV[0]:  # as benchmarks.run: no forced OpenBLAS core type (README)
+        for k in BLAS_ENV_VARS:
+            env.pop(k, None)
     env.update(OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -194,9 +202,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument(
+        "--keep-blas-env", action="store_true", help=f"keep {' and '.join(BLAS_ENV_VARS)}"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--torch-worker", nargs=2, metavar=("ARGV_JSON", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    KEEP_BLAS_ENV[0] = args.keep_blas_env
     if args.torch_worker:
         res = torch_worker(json.loads(args.torch_worker[0]), args.threads)
         Path(args.torch_worker[1]).write_text(json.dumps(res))
@@ -228,6 +240,11 @@ def main(argv=None) -> int:
             "date": dt.datetime.now().isoformat(timespec="seconds"),
             "threads": args.threads,
             "max_iters": args.max_iters,
+            "blas_env_removed": {
+                k: os.environ[k]
+                for k in BLAS_ENV_VARS
+                if k in os.environ and not args.keep_blas_env
+            },
             "python": sys.version.split()[0],
             "numpy": np.__version__,
             "git_commit": git_commit(),
