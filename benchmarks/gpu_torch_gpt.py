@@ -86,5 +86,5 @@ def from_tensorgrad(tg_model, device) -> TorchGPT:
     own = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in tg_model.named_parameters():
-            own[name].copy_(torch.from_numpy(np.ascontiguousarray(to_numpy(p.data))))
+            own[name].copy_(torch.from_numpy(np.ascontiguousarray(to_numpy(p.array))))
     return model.to(device)

@@ -31,6 +31,7 @@ from .eager import compile  # noqa: A004  (torch.compile: returns the model)
 from .factory import (
     Generator,
     arange,
+    as_tensor,
     cat,
     concat,
     default_generator,
@@ -152,6 +153,7 @@ __all__ = [
     "cuda",
     "kernels",
     "from_numpy",
+    "as_tensor",
     "as_array",
     "is_tensor",
     "get_array_module",

@@ -158,6 +158,11 @@ def _device_or_none(a):
     return None
 
 
+def is_array(a) -> bool:
+    """A NumPy or CuPy array (or a registered stand-in's): what a Tensor can hold."""
+    return _device_or_none(a) is not None
+
+
 def device_of(array) -> str:
     return (_device_or_none(array) or "cpu") if _multi else "cpu"
 

@@ -23,8 +23,22 @@ def _new(arr, requires_grad):
 
 
 def tensor(data, requires_grad: bool = False, dtype=None, device=None) -> Tensor:
-    """A new leaf tensor; Python floats become float32, integers int64, as in PyTorch."""
-    return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+    """A new leaf tensor holding a copy of ``data`` (as torch.tensor; ``as_tensor`` and
+    ``from_numpy`` share memory); Python floats become float32, integers int64."""
+    t = Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+    src = data.array if isinstance(data, Tensor) else data
+    same_device = backend.is_array(src) and device_of(src) == device_of(t.array)
+    if same_device and backend.shares_memory(t.array, src):
+        t.array = t.array.copy()
+    return t
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """``data`` as a tensor, sharing its memory where dtype and device allow (torch.as_tensor);
+    a Tensor of that dtype and device is returned as it is."""
+    if isinstance(data, Tensor):
+        return data.to(device=device, dtype=dtype) if dtype or device else data
+    return Tensor(data, dtype=dtype, device=device)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:

@@ -24,7 +24,7 @@ from .ops.dims import wrap_dim, wrap_dims
 from .ops.dtypes import result_type
 from .ops.nn import LogSoftmax, Softmax
 from .printing import tensor_repr
-from .tensor_inplace import as_array, expander, indexer, permuter, reshaper
+from .tensor_inplace import as_array, expander, indexer, permuter, reshaper, storable
 from .tensor_select import MaxResult, Select
 from .types import Size, as_dtype, device, is_dtype, to_args
 
@@ -88,14 +88,7 @@ class Tensor(Select):
         if isinstance(data, np.generic):
             data = np.asarray(data)  # full reductions give NumPy scalars: keep a 0-d array
         t = object.__new__(cls)
-        t._array, t.grad, t._node, t._out_index, t._version, t.name = (
-            data,
-            None,
-            node,
-            index,
-            [0],
-            None,
-        )
+        t._array, t.grad, t._node, t._out_index, t._version, t.name = data, None, node, index, [0], None  # fmt: skip
         t._base = t._view_fn = t._views = None
         t._requires_grad = node is not None
         return t
@@ -108,7 +101,7 @@ class Tensor(Select):
 
     @array.setter
     def array(self, value):  # a Tensor given stores its array, as p.data = t does
-        self._array = value._array if isinstance(value, Tensor) else value
+        self._array = value._array if isinstance(value, Tensor) else storable(value)
 
     @property
     def data(self) -> Tensor:

@@ -19,6 +19,7 @@ from .autograd import is_grad_enabled
 from .backend import (
     device_of,
     get_array_module,
+    is_array,
     parse_device,
     rng,
     shares_memory,
@@ -40,6 +41,16 @@ def as_array(x, dtype=None, device=None):
     if device_of(x) != "cpu":  # already a GPU array (CuPy, or a registered stand-in)
         return x if dtype is None else x.astype(dtype, copy=False)
     return np.asarray(x, dtype=dtype)
+
+
+def storable(value):
+    """``value`` if a Tensor can hold it (a NumPy or CuPy array; a NumPy scalar becomes a
+    0-d array); else PyTorch's TypeError."""
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if not is_array(value):
+        raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    return value
 
 
 def tracked(value) -> bool:
@@ -282,6 +293,21 @@ class InPlace:
             return self._adopt("clamp_", self.clone().clamp(min, max))
         xp = get_array_module(self._array)
         return self._write("clamp_", lambda a: xp.clip(a, min, max, out=a))
+
+    def neg_(self) -> InPlace:
+        return self._update("neg_", lambda x: -x)
+
+    def exp_(self) -> InPlace:
+        return self._update("exp_", lambda x: x.exp())
+
+    def lerp_(self, end, weight) -> InPlace:
+        return self._update("lerp_", lambda x: x + (end - x) * weight)
+
+    def addcmul_(self, tensor1, tensor2, value=1) -> InPlace:
+        return self._update("addcmul_", lambda x: x + tensor1 * tensor2 * value)
+
+    def addcdiv_(self, tensor1, tensor2, value=1) -> InPlace:
+        return self._update("addcdiv_", lambda x: x + tensor1 / tensor2 * value)
 
     def _update(self, op: str, fn) -> InPlace:
         """In place, self becomes ``fn(self)`` (an out-of-place op): recorded when self or the

@@ -58,6 +58,11 @@ def collectives(out_path: str) -> None:
     res["max"] = dist.all_reduce(np.array([r], np.int64), "max").tolist()
     t = dist.all_reduce(tg.tensor(np.full(3, r + 1.0, np.float32)), "mean")
     res["mean_tensor"] = t.array.tolist()
+    w = tg.nn.Parameter(np.full(3, r + 1.0, np.float32))
+    w.grad = tg.tensor(np.full(3, 2.0 * (r + 1), np.float32))
+    dist.all_reduce(w.grad.data, "sum")  # PyTorch's idiom: through .data, into p.grad
+    dist.broadcast(w.data, root=1)
+    res["through_data"] = [w.grad.array.tolist(), w.array.tolist()]
     b = np.full(4, float(r), np.float32)
     res["broadcast_from_1"] = dist.broadcast(b, root=1).tolist()
     res["json"] = dist.broadcast_json({"from": r}, root=1)

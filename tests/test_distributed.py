@@ -210,6 +210,7 @@ def test_collectives_and_bucketed_all_reduce_match_numpy(tmp_path):
     assert res["grad_worst"] <= 1e-6, "bucketed gradient mean differs from the NumPy mean"
     assert res["sum"] == [3.0 * i for i in range(6)] and res["max"] == [1]
     assert res["mean_tensor"] == [1.5] * 3 and res["broadcast_from_1"] == [1.0] * 4
+    assert res["through_data"] == [[6.0] * 3, [2.0] * 3]  # written into the tensors' memory
     assert res["json"] == {"from": 1} and res["gather"] == [{"r": 0, "s": ""}, {"r": 1, "s": "x"}]
 
 

@@ -802,6 +802,20 @@ def _data_iadd():
     return p
 
 
+def _source_changed_after(make):
+    a = np.zeros(2, np.float32)
+    t = make(a)
+    a[0] = 1.0
+    return t
+
+
+def _load_into_shared_storage():
+    l1, l2 = nn.Linear(2, 2), nn.Linear(2, 2)
+    l2.weight.data = l1.weight.data  # tied storage
+    l1.load_state_dict({k: torch.zeros_like(v) for k, v in l1.state_dict().items()})
+    return l2.weight.abs().sum().item()
+
+
 LR = torch.optim.lr_scheduler
 IDIOMS = [
     (
@@ -1180,6 +1194,29 @@ IDIOMS = [
         ),
         "(False, None, torch.Size([2, 3]))",
     ),
+    ("torch.tensor copies", lambda: _source_changed_after(torch.tensor), "tensor([0., 0.])"),
+    ("torch.as_tensor shares", lambda: _source_changed_after(torch.as_tensor), "tensor([1., 0.])"),
+    (
+        "torch.from_numpy shares",
+        lambda: _source_changed_after(torch.from_numpy),
+        "tensor([1., 0.])",
+    ),
+    ("load_state_dict copies in place", lambda: _load_into_shared_storage(), "0.0"),
+    (
+        "addcmul_, lerp_, addcdiv_, neg_, exp_ through .data",
+        lambda: _through_data(
+            lambda d: (
+                d.fill_(1.0)
+                .addcmul_(torch.full((2, 2), 2.0), torch.full((2, 2), 3.0), value=0.5)
+                .lerp_(torch.zeros(2, 2), 0.5)
+                .addcdiv_(torch.ones(2, 2), torch.full((2, 2), 4.0))
+                .neg_()
+                .exp_()
+            )
+        )[0],
+        "Parameter containing:\ntensor([[0.1054, 0.1054],\n        [0.1054, 0.1054]], "
+        "requires_grad=True)",
+    ),
 ]
 
 
@@ -1355,7 +1392,32 @@ def test_parameter_data_assignment_and_set_to_none():
     assert isinstance(lin.weight.array, np.ndarray) and lin.weight.detach().numpy().sum() == 0
     lin.weight.data = np.ones((4, 3), np.float32)  # an array is stored as it is
     assert lin.weight.detach().numpy().sum() == 12 and isinstance(lin.weight.data, torch.Tensor)
+    for bad in ([1.0, 2.0], 5.0):  # PyTorch's TypeError, not a tensor holding a list
+        with pytest.raises(TypeError, match="Variable data has to be a tensor, but got"):
+            lin.bias.data = bad
     lin.bias = None  # stays a registered (absent) parameter, as PyTorch
     assert list(dict(lin.named_parameters())) == ["weight"] and lin.bias is None
     with pytest.raises(TypeError, match="cannot assign 'torch.FloatTensor' as parameter 'bias'"):
         lin.bias = torch.zeros(4)
+
+
+def test_new_in_place_updates_record_their_gradients():
+    """neg_, exp_, lerp_, addcmul_, addcdiv_ on a tensor in the graph give the gradients of
+    the out-of-place formulas (float64; those ops are finite-difference checked above)."""
+    rng = np.random.default_rng(0)
+    vals = [rng.uniform(0.5, 1.5, (3, 4)) for _ in range(4)]
+
+    def run(in_place):
+        x, a, b, e = (torch.tensor(v, requires_grad=True) for v in vals)
+        y = x * 1.0
+        if in_place:
+            y.addcmul_(a, b, value=0.3).addcdiv_(a, b, value=0.2).lerp_(e, 0.25).neg_().exp_()
+        else:
+            y = y + a * b * 0.3
+            y = y + a / b * 0.2
+            y = (-(y + (e - y) * 0.25)).exp()
+        (y * torch.tensor(vals[0])).sum().backward()
+        return [t.grad.numpy() for t in (x, a, b, e)]
+
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -123,7 +123,7 @@ def loss_change(named, grads: dict, before: dict, model64, idx, targets, loss_be
     params64 = dict(model64.named_parameters())
     for n, p in named:
         dw = host(p).astype(np.float64) - before[n]
-        params64[n].array = p.array.astype("float64")  # the copy takes the new weights, in place
+        params64[n].array = p.array.astype("float64")  # the float64 copy takes the new weights
         if grads.get(n) is not None:
             contrib.append((n, float(np.sum(grads[n].astype(np.float64) * dw))))
     after = loss64(model64, idx, targets)

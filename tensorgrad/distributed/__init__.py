@@ -289,15 +289,15 @@ def _is_gpu(a) -> bool:
 
 
 def all_reduce(x, op: str = "sum", group=None, async_op: bool = False):
-    """Reduce ``x`` over all ranks, elementwise; every rank gets the result. ``x``: a Tensor
-    (its .data is replaced by the result) or a NumPy / CuPy array (reduced in place, so it
-    must be contiguous). op: sum (the default, as in PyTorch), mean (floating point only),
+    """Reduce ``x`` over all ranks, elementwise; every rank gets the result, written into
+    ``x``'s memory (as PyTorch: ``all_reduce(p.grad.data)`` changes p.grad). ``x``: a Tensor
+    or a NumPy / CuPy array (reduced in place, so it must be contiguous). op: sum (the default, as in PyTorch), mean (floating point only),
     max or min, or a ``ReduceOp``. Returns ``x``. ``group`` must be None (the world);
     ``async_op`` must be False."""
     _check_world(group, async_op, "all_reduce")
     if op not in _OPS:
         raise ValueError(f"all_reduce: op must be one of {', '.join(_OPS)}, got {op!r}")
-    is_tensor = hasattr(x, "data") and hasattr(x, "grad")
+    is_tensor = isinstance(x, Tensor)
     a = x.array if is_tensor else x
     if op == "mean" and not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"all_reduce: op='mean' needs a floating-point array, got {a.dtype}")
@@ -312,8 +312,15 @@ def all_reduce(x, op: str = "sum", group=None, async_op: bool = False):
     if op == "mean":
         a *= a.dtype.type(1.0 / g.size)
     if is_tensor:
-        x.array = a
+        _write_back(x, a)
     return x
+
+
+def _write_back(t, a) -> None:
+    """The result a into tensor t's own memory (a Tensor from .data shares it with its
+    owner), counted as an in-place change."""
+    get_array_module(a).copyto(t.array, a)
+    t._version[0] += 1
 
 
 def _all_reduce_inplace(a, op: str) -> None:
@@ -334,7 +341,7 @@ def broadcast(x, root: int = 0, group=None, async_op: bool = False, *, src: int 
     g = _g()
     if g.size == 1:
         return x
-    is_tensor = hasattr(x, "data") and hasattr(x, "grad")
+    is_tensor = isinstance(x, Tensor)
     a = x.array if is_tensor else x
     if is_tensor:
         a = get_array_module(a).ascontiguousarray(a).copy()
@@ -346,7 +353,7 @@ def broadcast(x, root: int = 0, group=None, async_op: bool = False, *, src: int 
         else:
             g.comm.Bcast(a, root=root)
     if is_tensor:
-        x.array = a
+        _write_back(x, a)
     return x
 
 

@@ -283,10 +283,12 @@ class Module:
         for n, v in state.items():
             if n in own:
                 p = own[n]
-                arr = v.array if isinstance(v, Tensor) else v
-                # a contiguous copy: the optimizer updates parameters in place
-                arr = get_array_module(arr).array(arr, dtype=p.dtype, order="C", copy=True)
-                p.array = to_device(arr, p.device)
+                arr = to_device(v.array if isinstance(v, Tensor) else v, p.device)
+                dst = p.array
+                if dst.flags.c_contiguous and dst.flags.writeable:  # in place, as PyTorch's
+                    get_array_module(dst).copyto(dst, arr, casting="unsafe")  # copy_: views see it
+                else:  # a contiguous copy: the optimizer updates parameters in place
+                    p.array = get_array_module(arr).array(arr, dtype=p.dtype, order="C", copy=True)
                 p._version[0] += 1
         return IncompatibleKeys(missing, unexpected)
 
