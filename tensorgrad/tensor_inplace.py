@@ -272,6 +272,18 @@ class InPlace:
 
         return self._write("uniform_", fill)
 
+    def bernoulli_(self, p=0.5, generator=None) -> InPlace:
+        """Fill with 1 where a U[0, 1) draw is below ``p`` (a number or a tensor of
+        probabilities), else 0, as PyTorch's."""
+        g = rng_of(generator, self.device)
+        draw = g.random(self._array.shape, dtype=np.float32)
+        prob = as_array(p) if isinstance(p, InPlace) else p
+
+        def fill(arr):
+            arr[...] = draw < prob
+
+        return self._write("bernoulli_", fill)
+
     def masked_fill_(self, mask, value) -> InPlace:
         m = as_array(mask)
         if m.dtype != np.bool_:

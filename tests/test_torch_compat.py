@@ -1203,6 +1203,14 @@ IDIOMS = [
     ),
     ("load_state_dict copies in place", lambda: _load_into_shared_storage(), "0.0"),
     (
+        "bernoulli_ with probabilities 0 and 1",
+        lambda: (
+            torch.zeros(3).bernoulli_(torch.tensor([0.0, 1.0, 1.0])),
+            torch.ones(2).bernoulli_(0.0),
+        ),
+        "(tensor([0., 1., 1.]), tensor([0., 0.]))",
+    ),
+    (
         "addcmul_, lerp_, addcdiv_, neg_, exp_ through .data",
         lambda: _through_data(
             lambda d: (
