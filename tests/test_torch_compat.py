@@ -1328,7 +1328,8 @@ UNARY_NEW = {
 @given(data=st.data(), shape=shapes(min_dims=1))
 def test_new_unary_op_gradients(op, data, shape):
     x = data.draw(arrays(shape, min_abs=0.1))  # away from the kinks at 0
-    assume("(dim)" not in op or np.unique(x).size == x.size)  # no ties: no derivative there
+    # no ties, nor near-ties inside the finite differences' step: no derivative there
+    assume("(dim)" not in op or x.size < 2 or np.diff(np.sort(x, axis=None)).min() > 1e-3)
     check_op(*UNARY_NEW[op], x, name=f"{op} {shape}")
 
 
