@@ -320,26 +320,25 @@ def ln_row(xi, w, b, eps, yi):
     return t(mean), r
 
 
-@njit(inline="always", fastmath=FM, cache=True)
-def ln_bwd_row(g, x, w, mean, r, resid, out, i, gwp, gbp):
-    """out[i] = resid[i] + ∂LayerNorm(x[i])/∂x[i] · g[i] (out may be resid: accumulates in
-    place); gwp += g[i]·x̂ and gbp += g[i] (row i's share of the parameter gradients).
-    Indexes the 2-D arrays (not row views): measured 25% faster in the fused block's pass."""
-    t = x.dtype.type
-    c = x.shape[1]
-    s1 = t(0)  # Σ ĝ, ĝ = g·w
+@njit(fastmath=FM, cache=True)
+def ln_bwd_row(gi, xi, w, mean, r, resid, o, gwp, gbp):
+    """o = resid + ∂LayerNorm(xi)/∂xi · gi for one row (o may be resid: accumulates in place);
+    gwp += gi·x̂ and gbp += gi (this row's share of the parameter gradients)."""
+    t = xi.dtype.type
+    c = xi.size
+    s1 = t(0)  # Σ ĝ, ĝ = gi·w
     s2 = t(0)  # Σ ĝ·(x - mean)
     for j in range(c):
-        gh = g[i, j] * w[j]
+        gh = gi[j] * w[j]
         s1 += gh
-        s2 += gh * (x[i, j] - mean)
+        s2 += gh * (xi[j] - mean)
     a = t(s1 / c)
     k = t(s2 * r / c)  # mean(ĝ·x̂)
     for j in range(c):
-        xh = (x[i, j] - mean) * r
-        out[i, j] = resid[i, j] + (g[i, j] * w[j] - a - xh * k) * r
-        gwp[j] += g[i, j] * xh
-        gbp[j] += g[i, j]
+        xh = (xi[j] - mean) * r
+        o[j] = resid[j] + (gi[j] * w[j] - a - xh * k) * r
+        gwp[j] += gi[j] * xh
+        gbp[j] += gi[j]
 
 
 @njit(parallel=True, fastmath=FM, cache=True)
@@ -350,13 +349,14 @@ def _ln_fwd(x, w, b, eps, y, rstd):
 
 @njit(parallel=True, fastmath=FM, cache=True)
 def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
-    """gx (zeros on entry) per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
+    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
     n, c = x.shape
     parts = gw_part.shape[0]
+    zero = np.zeros(c, x.dtype)  # no residual to add
     for p in prange(parts):
         for i in range(p * n // parts, (p + 1) * n // parts):
             mean = rsum(x[i]) / c  # as in forward, so x̂ is the forward's x̂
-            ln_bwd_row(g, x, w, mean, rstd[i], gx, gx, i, gw_part[p], gb_part[p])
+            ln_bwd_row(g[i], x[i], w, mean, rstd[i], zero, gx[i], gw_part[p], gb_part[p])
 
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):
@@ -406,7 +406,7 @@ class NumbaLayerNorm(Op):
         w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
         parts = min(n, 16)  # fixed, not per thread: the same sums on any machine
         gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
-        gx = np.zeros_like(x2)  # ln_bwd_row adds into it
+        gx = np.empty_like(x2)
         _run(_ln_bwd, x.size, _contig(g).reshape(n, C), x2, w1, rstd, gx, gw_part, gb_part)
         wshape = x.shape[x.ndim - self.nd :]
         gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None

@@ -88,4 +88,4 @@ def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
     P = gw_parts.shape[0]
     for p in prange(P):
         for i in range(p * n // P, (p + 1) * n // P):
-            ln_bwd_row(dy, x, w, mean[i], rstd[i], resid, dx, i, gw_parts[p], gb_parts[p])
+            ln_bwd_row(dy[i], x[i], w, mean[i], rstd[i], resid[i], dx[i], gw_parts[p], gb_parts[p])
