@@ -303,48 +303,20 @@ class NumbaCrossEntropy(Op):
 # ----------------------------------------------------------------------------- layer norm
 
 
-@njit(fastmath=FM, cache=True)
-def ln_row(xi, w, b, eps, yi):
-    """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std) in xi's dtype. Shared
-    with the fused GPT-2 block (cpu_numba_block)."""
-    t = xi.dtype.type
-    c = xi.size
-    mean = rsum(xi) / c
-    var = t(0)
-    for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
-        d = xi[j] - mean
-        var += d * d
-    r = t(1) / np.sqrt(t(var / c) + eps)
-    for j in range(c):
-        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
-    return t(mean), r
-
-
-@njit(fastmath=FM, cache=True)
-def ln_bwd_row(gi, xi, w, mean, r, resid, o, gwp, gbp):
-    """o = resid + ∂LayerNorm(xi)/∂xi · gi for one row (o may be resid: accumulates in place);
-    gwp += gi·x̂ and gbp += gi (this row's share of the parameter gradients)."""
-    t = xi.dtype.type
-    c = xi.size
-    s1 = t(0)  # Σ ĝ, ĝ = gi·w
-    s2 = t(0)  # Σ ĝ·(x - mean)
-    for j in range(c):
-        gh = gi[j] * w[j]
-        s1 += gh
-        s2 += gh * (xi[j] - mean)
-    a = t(s1 / c)
-    k = t(s2 * r / c)  # mean(ĝ·x̂)
-    for j in range(c):
-        xh = (xi[j] - mean) * r
-        o[j] = resid[j] + (gi[j] * w[j] - a - xh * k) * r
-        gwp[j] += gi[j] * xh
-        gbp[j] += gi[j]
-
-
 @njit(parallel=True, fastmath=FM, cache=True)
 def _ln_fwd(x, w, b, eps, y, rstd):
-    for i in prange(x.shape[0]):
-        rstd[i] = ln_row(x[i], w, b, eps, y[i])[1]
+    n, c = x.shape
+    for i in prange(n):
+        xi, yi = x[i], y[i]
+        mean = rsum(xi) / c
+        var = x.dtype.type(0)
+        for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
+            d = xi[j] - mean
+            var += d * d
+        r = 1 / np.sqrt(var / c + eps)
+        rstd[i] = r
+        for j in range(c):
+            yi[j] = (xi[j] - mean) * r * w[j] + b[j]
 
 
 @njit(parallel=True, fastmath=FM, cache=True)
@@ -352,11 +324,24 @@ def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
     """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
     n, c = x.shape
     parts = gw_part.shape[0]
-    zero = np.zeros(c, x.dtype)  # no residual to add
     for p in prange(parts):
+        gwp, gbp = gw_part[p], gb_part[p]
         for i in range(p * n // parts, (p + 1) * n // parts):
-            mean = rsum(x[i]) / c  # as in forward, so x̂ is the forward's x̂
-            ln_bwd_row(g[i], x[i], w, mean, rstd[i], zero, gx[i], gw_part[p], gb_part[p])
+            xi, gi, o, r = x[i], g[i], gx[i], rstd[i]
+            mean = rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
+            s1 = x.dtype.type(0)  # Σ ĝ
+            s2 = x.dtype.type(0)  # Σ ĝ·(x - mean)
+            for j in range(c):
+                gh = gi[j] * w[j]
+                s1 += gh
+                s2 += gh * (xi[j] - mean)
+            a = s1 / c
+            k = s2 * r / c  # mean(ĝ·x̂)
+            for j in range(c):
+                xh = (xi[j] - mean) * r
+                o[j] = (gi[j] * w[j] - a - xh * k) * r
+                gwp[j] += gi[j] * xh
+                gbp[j] += gi[j]
 
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):

@@ -13,13 +13,28 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI
-from .cpu_numba import EXP_FM, FM, ln_bwd_row, ln_row
+from .cpu_numba import EXP_FM, FM, rsum
 from .numba_math import exp32
 
 F32 = np.float32
 K = F32(SQRT_2_OVER_PI)
 K3 = F32(3 * GELU_C)
 GC = F32(GELU_C)
+
+
+@njit(fastmath=FM, cache=True)
+def ln_row(xi, w, b, eps, yi):
+    """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
+    c = xi.size
+    mean = rsum(xi) / c
+    var = F32(0)
+    for j in range(c):  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
+        d = xi[j] - mean
+        var += d * d
+    r = F32(1) / np.sqrt(F32(var / c) + eps)
+    for j in range(c):
+        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
+    return F32(mean), r
 
 
 @njit(parallel=True, fastmath=FM, cache=True)
@@ -84,8 +99,22 @@ def gelu_bwd_bias(f, d, parts):
 def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
     """dx = resid + ∂LayerNorm(x)/∂x · dy per row (resid may be dx: accumulate in place);
     gw_parts / gb_parts[p] += Σ dy·x̂ and Σ dy over block p's rows."""
-    n = x.shape[0]
+    n, c = x.shape
     P = gw_parts.shape[0]
     for p in prange(P):
+        gwp, gbp = gw_parts[p], gb_parts[p]
         for i in range(p * n // P, (p + 1) * n // P):
-            ln_bwd_row(dy[i], x[i], w, mean[i], rstd[i], resid[i], dx[i], gw_parts[p], gb_parts[p])
+            xi, gi, m, r = x[i], dy[i], mean[i], rstd[i]
+            s1 = F32(0)  # Σ ĝ, ĝ = dy·w
+            s2 = F32(0)  # Σ ĝ·(x - mean)
+            for j in range(c):
+                gh = gi[j] * w[j]
+                s1 += gh
+                s2 += gh * (xi[j] - m)
+            a = F32(s1 / c)
+            k = F32(s2 * r / c)  # mean(ĝ·x̂)
+            for j in range(c):
+                xh = (xi[j] - m) * r
+                dx[i, j] = resid[i, j] + (gi[j] * w[j] - a - xh * k) * r
+                gwp[j] += gi[j] * xh
+                gbp[j] += gi[j]
