@@ -321,7 +321,12 @@ def _ln_fwd(x, w, b, eps, y, rstd):
 
 @njit(parallel=True, fastmath=FM, cache=True)
 def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
-    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
+    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks.
+
+    Not shared with the fused block's ln_bwd_residual on purpose: here the mean and the row
+    sums a, k stay in float64 for float32 input, so g·w - a is not contracted into an FMA
+    that leaves g·w's rounding error (times 1/std) where the gradient is 0, e.g. over one
+    feature (tests/test_kernels.py::test_layer_norm_kernel_over_one_feature)."""
     n, c = x.shape
     parts = gw_part.shape[0]
     for p in prange(parts):
