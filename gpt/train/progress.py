@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from .. import diagnostics as diag
+from .. import model as gpt_model
 from ..store.checkpoint import atomic_write_bytes
 from .state import jsonable
 
@@ -53,6 +55,8 @@ class Progress:
         from tqdm import tqdm
 
         self.r, self.warned_plot, self.first = r, False, True
+        # a block whose code differs from the fused op is said once, as a line above the bar
+        warnings.filterwarnings("ignore", category=gpt_model.UnfusedBlockWarning)
         self.bar = tqdm(
             total=r.c.max_iters,
             initial=r.state.iter,
@@ -69,6 +73,8 @@ class Progress:
     def step(self, loss: float, lr: float, tokens_per_s: float, dt: float) -> None:
         if self.first:  # this process's first step: compiles kernels, warms caches
             self.first = False
+            for note in gpt_model.FUSION_NOTES:
+                self.write(note)
             if dt > SLOW_FIRST_STEP_S:
                 self.write(
                     f"first step took {dt:.1f} s: the compiled CPU kernels are built once and "
