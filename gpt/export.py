@@ -4,17 +4,19 @@
 
 The directory (config.json, model.safetensors, the tokenizer; see gpt.hf_format) loads with
 transformers.GPT2LMHeadModel.from_pretrained(DIR), AutoTokenizer.from_pretrained(DIR), and
-with GPT.from_pretrained(DIR) or --init-from DIR here.
+with GPT.from_pretrained(DIR) or --init-from DIR here. --to must be a new or empty directory,
+or one gpt-export wrote (its gpt-export.json lists the files; see gpt.store.owned_dir): nothing
+else is ever deleted or overwritten, and a re-export replaces the old one whole.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .hf_format import save_pretrained
 from .store.errors import CheckpointError
+from .store.owned_dir import check, check_target
 from .store.run_checkpoint import WHICH, load_model
 
 CHAR_NOTE = (
@@ -31,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         "model.safetensors, tokenizer) that transformers.GPT2LMHeadModel.from_pretrained loads.",
     )
     p.add_argument("--out-dir", required=True, help="the run directory gpt-train wrote")
-    p.add_argument("--to", required=True, help="the directory to write (created if missing)")
+    p.add_argument(
+        "--to",
+        required=True,
+        help="the directory to write: a new or empty one, or one gpt-export wrote before "
+        "(replaced whole); any other is refused",
+    )
     p.add_argument(
         "--which",
         choices=WHICH,
@@ -43,12 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if Path(a.to).exists() and not Path(a.to).is_dir():
-        print(f"gpt-export: error: --to {a.to} exists and is not a directory", file=sys.stderr)
+    try:
+        check_target(a.to)
+    except ValueError as e:
+        print(f"gpt-export: error: --to {e}", file=sys.stderr)
+        return 2
+    try:
+        check(a.to, strict=True)  # before the run is read; checked again when written
+    except (OSError, ValueError) as e:
+        print(f"gpt-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     try:
         model, tok, ckpt, d = load_model(a.out_dir, which=a.which)
-        files = save_pretrained(model, a.to, tok)
+        files = save_pretrained(model, a.to, tok, strict=True)
     except (CheckpointError, OSError, ValueError) as e:
         print(f"gpt-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1

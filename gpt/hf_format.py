@@ -11,14 +11,14 @@ GPT-2's files differ from our state_dict in two ways:
 A tied unembedding is stored once, as transformer.wte.weight (transformers ties lm_head to it).
 The tokenizer: a BPE one as GPT-2's vocab.json + merges.txt; a char one as a tokenizer.json
 that the `tokenizers` library reads (see CharTokenizer.to_hf_json); each with a
-tokenizer_config.json naming the class AutoTokenizer should build. Every file is written
-atomically, config.json last.
+tokenizer_config.json naming the class AutoTokenizer should build. The directory is written
+whole and recorded in a manifest (see gpt.store.owned_dir): gpt-export writes only a new
+directory or one it wrote itself, and nothing a user put there is deleted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from tensorgrad import to_numpy
 
 from .store.checkpoint import atomic_write_bytes, atomic_write_json
+from .store.owned_dir import write_dir
 from .store.validate import expected_shapes
 from .tokenizer import EOT, UNK, BPETokenizer, CharTokenizer
 
@@ -77,17 +78,19 @@ def hf_arrays(model) -> dict[str, np.ndarray]:
     return out
 
 
-def save_pretrained(model, directory, tokenizer=None) -> list[str]:
-    """Write model (and tokenizer, when given) into directory; returns the file names written.
+def save_pretrained(model, directory, tokenizer=None, strict: bool = False) -> list[str]:
+    """Write model (and tokenizer, when given) as the directory ``directory``; returns the file
+    names written (the manifest last).
 
     The tokenizer must not have more ids than the model's vocabulary; its <|endoftext|> id
-    becomes bos_token_id and eos_token_id.
+    becomes bos_token_id and eos_token_id. A new or empty directory, or one gpt wrote, is
+    replaced whole (keeping a tokenizer saved there before when none is given now); into a
+    directory holding other files, as transformers' save_pretrained does, only the files of
+    these names are replaced, and a tokenizer file of the other kind that gpt did not write is
+    refused rather than deleted. strict (gpt-export) refuses such a directory.
     """
-    d = Path(directory)
-    if d.exists() and not d.is_dir():
-        raise ValueError(f"{d} exists and is not a directory")
     c = model.config
-    eos = None
+    eos, stale = None, ()
     if tokenizer is not None:
         if tokenizer.vocab_size > c.vocab_size:
             raise ValueError(
@@ -95,25 +98,34 @@ def save_pretrained(model, directory, tokenizer=None) -> list[str]:
                 f"only {c.vocab_size}"
             )
         eos = tokenizer.special_tokens.get(EOT)
+        stale = set(TOKENIZER_FILES) - {*tokenizer_files(tokenizer), "tokenizer_config.json"}
     from safetensors.numpy import save
 
-    # the metadata transformers' own save_pretrained writes (some versions check it on load)
-    atomic_write_bytes(d / "model.safetensors", save(hf_arrays(model), metadata={"format": "pt"}))
-    written = ["model.safetensors"]
-    if tokenizer is not None:
-        written += save_tokenizer(tokenizer, d, c.block_size)
-    atomic_write_json(d / "config.json", hf_config_dict(c, eos))  # last: it makes d a model
-    written.append("config.json")
-    umask = os.umask(0)
-    os.umask(umask)
-    for name in written:  # readable as any saved file is (the atomic writer makes them private)
-        os.chmod(d / name, 0o666 & ~umask)
-    return written
+    def fill(d: Path) -> list[str]:
+        # the metadata transformers' own save_pretrained writes (some versions check it)
+        data = save(hf_arrays(model), metadata={"format": "pt"})
+        atomic_write_bytes(d / "model.safetensors", data)
+        del data
+        written = ["model.safetensors"]
+        if tokenizer is not None:
+            written += save_tokenizer(tokenizer, d, c.block_size)
+        atomic_write_json(d / "config.json", hf_config_dict(c, eos))  # it makes d a model
+        return [*written, "config.json"]
+
+    return write_dir(directory, fill, strict=strict, stale=stale, last="config.json")
+
+
+def tokenizer_files(tokenizer) -> list[str]:
+    """The files that hold a tokenizer of this kind (besides tokenizer_config.json)."""
+    if isinstance(tokenizer, BPETokenizer):
+        return ["vocab.json", "merges.txt"]
+    if isinstance(tokenizer, CharTokenizer):
+        return ["tokenizer.json"]
+    raise ValueError(f"cannot export a {type(tokenizer).__name__}: only bpe and char")
 
 
 def save_tokenizer(tokenizer, directory, max_length: int) -> list[str]:
-    """The tokenizer's files (see the module docstring); removes the other kind's, so that a
-    directory exported before with another tokenizer cannot mix the two."""
+    """The tokenizer's files (see the module docstring) into directory; returns their names."""
     d = Path(directory)
     if isinstance(tokenizer, BPETokenizer):
         tokenizer.save(d)
@@ -133,6 +145,4 @@ def save_tokenizer(tokenizer, directory, max_length: int) -> list[str]:
         "add_prefix_space": False,
     }
     atomic_write_json(d / "tokenizer_config.json", config)
-    for stale in set(TOKENIZER_FILES) - {*names, "tokenizer_config.json"}:
-        (d / stale).unlink(missing_ok=True)
     return [*names, "tokenizer_config.json"]

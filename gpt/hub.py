@@ -45,22 +45,36 @@ def parse_hub_name(s: str) -> tuple[str, str | None] | None:
     return name, rev or None
 
 
+def _path_kind(s: str) -> str:
+    """'dir', 'other' or 'none' for the path s; a name the filesystem refuses (too long, a
+    file as a parent) is 'none', so that it meets the hub's checks, not an OSError."""
+    try:
+        p = Path(s).expanduser()
+        return "dir" if p.is_dir() else "other" if p.exists() else "none"
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        return "none"
+
+
+def _shown(s: str) -> str:
+    return s if len(s) <= 80 else f"{s[:60]}... ({len(s)} characters)"
+
+
 def is_hub_name(s: str) -> bool:
     """s names a hub repo: it reads as one and no file or directory of that name exists."""
-    return not Path(s).expanduser().exists() and parse_hub_name(s) is not None
+    return _path_kind(s) == "none" and parse_hub_name(s) is not None
 
 
 def source_problem(s: str) -> str | None:
     """Why ``--init-from s`` cannot work, without touching the network: None when s is a
     directory or reads as a hub name, else one line."""
-    p = Path(s).expanduser()
-    if p.is_dir():
+    kind = _path_kind(s)
+    if kind == "dir":
         return None
-    if p.exists():
-        return f"{s} is not a directory"
+    if kind == "other":
+        return f"{_shown(s)} is not a directory"
     if parse_hub_name(s) is None:
         return (
-            f"{s} is neither a directory nor a Hugging Face hub name "
+            f"{_shown(s)} is neither a directory nor a Hugging Face hub name "
             "(gpt2, gpt2-medium, gpt2-large, gpt2-xl, owner/repo[@revision])"
         )
     return None
@@ -71,7 +85,7 @@ def resolve(name_or_path, revision: str | None = None) -> Path:
     else the hub repo it names, at ``revision`` (a branch, tag or commit; default main),
     fetched into the hub cache (config.json, model.safetensors and the tokenizer files)."""
     s = os.fspath(name_or_path)
-    if Path(s).expanduser().is_dir():
+    if _path_kind(s) == "dir":
         if revision is not None:
             raise HubError(f"revision={revision!r} applies to hub names; {s} is a local directory")
         return Path(s).expanduser()

@@ -173,7 +173,8 @@ def test_gpt_export_writes_a_run_that_loads_back_bitwise(trained, tmp_path, caps
     kind = tok.kind
     names = {p.name for p in to.iterdir()}
     want = {"vocab.json", "merges.txt"} if kind == "bpe" else {"tokenizer.json"}
-    assert names == {"config.json", "model.safetensors", "tokenizer_config.json", *want}
+    manifest = "gpt-export.json"  # the files it wrote, so that a re-export may replace them
+    assert names == {"config.json", "model.safetensors", "tokenizer_config.json", manifest, *want}
     assert ("char tokenizer: tokenizer.json" in out) == (kind == "char")
     assert f"from_pretrained({str(to)!r})" in out and f"iter {ckpt['iter']}" in out
     back = GPT.from_pretrained(to)

@@ -4,5 +4,6 @@
 - `run_checkpoint`: a gpt-train run's latest and best checkpoints (what --resume reads)
 - `validate`: schema, header and memory checks that run before anything is allocated
 - `lock`: one writer per run directory
+- `owned_dir`: directories gpt-export writes whole, recognised by their manifest
 - `errors`: the exceptions all of these raise, each one line naming the file
 """

@@ -7,8 +7,10 @@ HuggingFace GPT-2 directories (config.json + model.safetensors).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -89,20 +91,35 @@ def save_arrays(path, arrays: dict) -> str:
 
 
 def load_arrays(
-    path, want: dict | None = None, sha256: str | None = None, dtypes=("F32",), optional=()
+    path,
+    want: dict | None = None,
+    sha256: str | None = None,
+    dtypes=("F32",),
+    optional=(),
+    names=None,
 ) -> dict:
     """The arrays of a safetensors file, checked before and after reading.
 
     Before: a regular file whose header parses and (with ``want``, name -> shape) holds exactly
     those tensors in one of ``dtypes``. After: the bytes have the recorded ``sha256`` (when
     given), and every float array is finite. Each failure is one CheckpointError line.
+    With ``names`` (and no sha256), only those tensors are read, each at its offsets: the
+    others' bytes are never touched.
     """
+    from safetensors import safe_open
     from safetensors.numpy import load
 
     path = Path(path)
     header = read_header(path)
     if want is not None:
         check_tensors(path, header, want, dtypes, optional)
+    if names is not None and sha256 is None:
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                arrays = {k: f.get_tensor(k) for k in header if k in names}
+        except Exception as e:  # safetensors raises its own error types on corrupt headers
+            raise CheckpointError(f"{path} is not a valid safetensors file ({e})") from None
+        return _finite(path, arrays)
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -116,6 +133,11 @@ def load_arrays(
         arrays = load(data)
     except Exception as e:  # safetensors raises its own error types on corrupt headers
         raise CheckpointError(f"{path} is not a valid safetensors file ({e})") from None
+    return _finite(path, arrays)
+
+
+def _finite(path, arrays: dict) -> dict:
+    """arrays, refused when a float array holds NaN or inf."""
     for k, v in arrays.items():
         if v.dtype.kind == "f" and not np.isfinite(v).all():
             bad = int(v.size - np.isfinite(v).sum())
@@ -140,15 +162,69 @@ _HF_GELU = {
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
+# GPT2Config fields that change the forward pass away from GPT-2's, as transformers reads them
+# (truthiness), with the one value gpt computes; any other is refused by name. The others:
+# n_inner (checked below), activation_function, layer_norm_epsilon, tie_word_embeddings and the
+# sizes are honoured; reorder_and_upcast_attn is the same math in float32; the *_pdrop dropouts
+# act only in training (gpt-train --dropout); initializer_range, summary_* (heads gpt has not),
+# use_cache, the token ids and dtype leave the logits as they are.
+_HF_FIXED = {
+    "scale_attn_weights": (True, "scores divided by sqrt(head size)"),
+    "scale_attn_by_inverse_layer_idx": (False, "no scaling by 1 / (layer index + 1)"),
+    "add_cross_attention": (False, "no cross-attention blocks"),
+}
+# GPT2Config.attribute_map: the other names transformers accepts for four fields
+_HF_ALIASES = {
+    "hidden_size": "n_embd",
+    "max_position_embeddings": "n_positions",
+    "num_attention_heads": "n_head",
+    "num_hidden_layers": "n_layer",
+}
+
+
 def hf_config(d, where: str = "config.json") -> GPTConfig:
-    """GPTConfig from a HuggingFace GPT-2 config.json dict (each field type- and range-checked)."""
+    """GPTConfig from a HuggingFace GPT-2 config.json dict (each field type- and range-checked;
+    every field that would change the math is honoured or refused by name)."""
+    if isinstance(d, dict):
+        d = dict(d)
+        for alias, name in _HF_ALIASES.items():
+            if alias in d and name in d and d[alias] != d[name]:
+                raise CheckpointError(
+                    f"{where}: {alias} ({_value(d[alias])}) and {name} ({_value(d[name])}) "
+                    "name one field with two values"
+                )
+            if alias in d:
+                d[name] = d.pop(alias)
     fields = hf_model_config(d, where)
+    if d.get("model_type", "gpt2") != "gpt2":
+        raise CheckpointError(
+            f"{where}: model_type {_value(d['model_type'])} is not supported (gpt loads 'gpt2')"
+        )
     act = d.get("activation_function", "gelu_new")
     if act not in _HF_GELU:
         raise CheckpointError(
             f"{where}: activation_function {act!r} is not supported (one of {sorted(_HF_GELU)})"
         )
+    for key, (value, means) in _HF_FIXED.items():
+        if key in d and bool(d[key]) != value:
+            raise CheckpointError(
+                f"{where}: {key} {_value(d[key])} is not supported (gpt computes only "
+                f"{json.dumps(value)}: {means})"
+            )
+    inner = d.get("n_inner")
+    if inner is not None and inner != 4 * fields["n_embd"]:
+        raise CheckpointError(
+            f"{where}: n_inner {_value(inner)} is not supported (gpt's MLP is 4 * n_embd = "
+            f"{4 * fields['n_embd']} wide; null means the same)"
+        )
     return GPTConfig(**fields, dropout=0.0, bias=True, gelu=_HF_GELU[act])
+
+
+def _value(v) -> str:
+    """A config value for an error line: a scalar as JSON writes it, else its type."""
+    if v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) < 40):
+        return json.dumps(v)
+    return f"(a JSON {type(v).__name__})"
 
 
 def _hf_name(k: str) -> str | None:
@@ -180,9 +256,11 @@ def check_hf_dir(path) -> GPTConfig:
     header = {}
     for k, t in read_header(st).items():
         name = _hf_name(k)
-        if name is not None:
-            shape = t["shape"][::-1] if name.endswith(_CONV1D) else t["shape"]
-            header[name] = dict(t, shape=shape)
+        if name is None:
+            _check_mask_buffer(st, k, t, config)
+            continue
+        shape = t["shape"][::-1] if name.endswith(_CONV1D) else t["shape"]
+        header[name] = dict(t, shape=shape)
     want = expected_shapes(config)
     optional = ()
     if config.tie_weights:  # some exports repeat the tied matrix as lm_head.weight
@@ -192,12 +270,24 @@ def check_hf_dir(path) -> GPTConfig:
     return config
 
 
+def _check_mask_buffer(path: Path, k: str, t: dict, config: GPTConfig) -> None:
+    """GPT-2's causal-mask buffers are skipped, never read, yet bounded like the weights:
+    attn.bias holds at most block_size ** 2 elements (its shape is (1, 1, T, T)), masked_bias
+    one. A file's size then follows from the config, however large its holes."""
+    top = 1 if k.endswith(".masked_bias") else config.block_size**2
+    if math.prod(t["shape"]) > top:
+        raise CheckpointError(
+            f"{path}: the mask buffer {k} has shape {tuple(t['shape'])}, more than the "
+            f"{top:,} elements it has in a GPT-2 of block size {config.block_size}"
+        )
+
+
 def load_hf_gpt2(cls, path: Path):
     """Build ``cls(config)`` from a GPT-2 directory (checked first by check_hf_dir); Conv1D
     (in, out) weights are transposed."""
     config = check_hf_dir(path)
     st = Path(path) / "model.safetensors"
-    raw = load_arrays(st)
+    raw = load_arrays(st, names={k for k in read_header(st) if _hf_name(k) is not None})
     state = {}
     for k, v in raw.items():
         name = _hf_name(k)
@@ -207,6 +297,11 @@ def load_hf_gpt2(cls, path: Path):
             v = v.T
         state[name] = np.ascontiguousarray(v, dtype=np.float32)
     del raw
+    head, wte = state.get("lm_head.weight"), state.get("transformer.wte.weight")
+    if config.tie_weights and head is not None and not np.array_equal(head, wte):
+        # a tied config, but the file's lm_head differs from wte: transformers then leaves the
+        # two untied (it ties only equal copies), and so does gpt
+        config = dataclasses.replace(config, tie_weights=False)
     model = cls(config)
     try:
         model.load_state_dict(state)

@@ -17,7 +17,9 @@ the shapes (float32) the model config implies; weights with NaN or inf are refus
 Crash safety: the array files carry the iteration in their names and are written first,
 ckpt.json (which names them) last, each write atomic; files that ckpt.json no longer names
 are deleted only after that. A process killed at any moment leaves a ckpt.json whose files
-exist and belong together: the new checkpoint or the previous one, never a mix.
+exist and belong together: the new checkpoint or the previous one, never a mix. A reader
+(load_model) that a save overtakes, finding the files its ckpt.json named deleted, starts
+over from the new ckpt.json (read_while_rotating).
 """
 
 from __future__ import annotations
@@ -279,14 +281,17 @@ def check_model_file(directory, ckpt: dict) -> None:
     v.check_tensors(path, v.read_header(path), v.expected_shapes(config))
 
 
-def load(directory, with_optimizer: bool = True) -> tuple[dict, dict, dict | None]:
-    """(ckpt dict, model arrays, AdamW state dict or None) from a checkpoint directory.
+def load(
+    directory, with_optimizer: bool = True, ckpt: dict | None = None
+) -> tuple[dict, dict, dict | None]:
+    """(ckpt dict, model arrays, AdamW state dict or None) from a checkpoint directory (the
+    files ``ckpt`` names when given, as read_ckpt returned it; else ckpt.json's).
 
     Everything is validated first (see the module docstring); a failure is one
     CheckpointError line naming the file and what is wrong with it.
     """
     d = Path(directory)
-    ckpt = read_ckpt(d)
+    ckpt = read_ckpt(d) if ckpt is None else ckpt
     where = str(d / CKPT_JSON)
     config = v.model_config(ckpt["model_config"], where)
     need = v.estimate_bytes(config, train=False)
@@ -350,10 +355,7 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
         raise CheckpointError(
             f"no checkpoint in {out_dir}: train one with gpt-train --out-dir {out_dir}"
         )
-    ckpt = read_ckpt(d)
-    config = v.model_config(ckpt["model_config"], str(d / CKPT_JSON))
-    tok = checked_tokenizer(ckpt, config, str(d / CKPT_JSON))  # before the weights are read
-    ckpt, arrays, _ = load(d, with_optimizer=False)
+    ckpt, config, tok, arrays = read_while_rotating(d, _read_for_model)
     model = GPT(config)
     try:
         model.load_state_dict({k: np.asarray(a) for k, a in arrays.items()})
@@ -362,6 +364,43 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
     model.to(device)
     model.eval()
     return model, tok, ckpt, d
+
+
+def _read_for_model(d: Path):
+    """(ckpt, model config, tokenizer, weights) of one ckpt.json and the files it names."""
+    ckpt = read_ckpt(d)
+    config = v.model_config(ckpt["model_config"], str(d / CKPT_JSON))
+    tok = checked_tokenizer(ckpt, config, str(d / CKPT_JSON))  # before the weights are read
+    _, arrays, _ = load(d, with_optimizer=False, ckpt=ckpt)
+    return ckpt, config, tok, arrays
+
+
+ROTATIONS = 8  # how many times a reader starts over because a run saved under it
+
+
+def _stamp(d: Path):
+    try:
+        st = (d / CKPT_JSON).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def read_while_rotating(d: Path, read):
+    """read(d), started over when it fails because a running gpt-train replaced the checkpoint
+    under it (ckpt.json was rewritten and the files it named deleted): the reader gets the
+    checkpoint it named or a newer one, whole. A failure with ckpt.json unchanged is raised."""
+    for _ in range(ROTATIONS):
+        named = _stamp(d)
+        try:
+            return read(d)
+        except CheckpointError:
+            if _stamp(d) == named:
+                raise
+    raise CheckpointError(
+        f"the checkpoint in {d} changed {ROTATIONS} times while it was read (the run saves "
+        "faster than it can be read); try again"
+    )
 
 
 def checked_tokenizer(ckpt: dict, config, where: str):
