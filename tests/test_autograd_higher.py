@@ -10,6 +10,7 @@ import pytest
 from helpers import arrays, broadcast_pairs, distinct_arrays, shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import tensorgrad as tg
 import tensorgrad.functional as F
@@ -24,6 +25,31 @@ def ggc(fn, *arrays, name=""):
     except tg.GradcheckError as e:
         shapes_ = ", ".join(str(np.shape(a)) for a in arrays)
         raise AssertionError(f"{name} on ({shapes_}): {e}") from None
+
+
+# Finite differences step 1e-6 either side of each value, so an op whose derivative jumps (a
+# kink: max, clamp, a mask) is checked only on values drawn away from its kinks, by construction.
+
+
+def outside(*bands, lo=-2.0, hi=2.0):
+    """float64 elements in [lo, hi] outside every open interval in ``bands``."""
+    edges = [lo, *sorted(v for band in bands for v in band), hi]
+    parts = [st.floats(a, b, allow_subnormal=False) for a, b in zip(edges[::2], edges[1::2])]
+    return st.one_of(parts)
+
+
+def kinks(*at, gap=0.05):
+    """The bands ``outside`` leaves out around each kink."""
+    return [(k - gap, k + gap) for k in at]
+
+
+@st.composite
+def untied(draw, sx, sy):
+    """x of shape sx and y of shape sy whose values are all distinct, 0.1875 apart or more: no
+    element of x ties with any of y, whichever pairs broadcasting makes."""
+    nx, ny = (int(np.prod(s, dtype=np.int64)) for s in (sx, sy))
+    v = draw(distinct_arrays((nx + ny,), offset=-2.0))
+    return v[:nx].reshape(sx), v[nx:].reshape(sy)
 
 
 # ----------------------------------------------------------------------------- elementwise
@@ -44,10 +70,11 @@ BINARY = {
 @given(data=st.data(), shapes2=broadcast_pairs(max_dims=2))
 def test_binary(op, data, shapes2):
     sx, sy = shapes2
-    x = data.draw(arrays(sx, min_abs=0.5))
-    y = data.draw(arrays(sy, min_abs=0.5))
     if op in ("maximum", "minimum"):
-        y = y + 0.1  # away from ties, where the derivative jumps
+        x, y = data.draw(untied(sx, sy))  # a tie is a kink: never drawn
+    else:
+        x = data.draw(arrays(sx, min_abs=0.5))
+        y = data.draw(arrays(sy, min_abs=0.5))
     ggc(BINARY[op], x, y, name=op)
 
 
@@ -62,9 +89,9 @@ UNARY = {
     "relu": (lambda x: x.relu() * x, {"min_abs": 0.3}),
     "x**3": (lambda x: x**3, {}),
     "2**x": (lambda x: 2.0**x, {}),
-    "clamp": (lambda x: x.clamp(-1.2345, 0.8765) * x, {"min_abs": 0.3}),  # bounds no draw hits
+    "clamp": (lambda x: x.clamp(-1.2345, 0.8765) * x, {"away": kinks(-1.2345, 0.8765)}),
     "where": (lambda x: tg.where(x > 0, x * x, x.exp()), {"min_abs": 0.3}),
-    "masked_fill": (lambda x: x.masked_fill(x.data > 0.4321, 0.0) * x, {"min_abs": 0.3}),
+    "masked_fill": (lambda x: x.masked_fill(x.data > 0.4321, 0.0) * x, {"away": kinks(0.4321)}),
     "sum": (lambda x: x.sum(-1) ** 2, {}),
     "mean": (lambda x: x.mean(0, keepdim=True) ** 2, {}),
     "var": (lambda x: x.var(-1), {}),
@@ -75,15 +102,22 @@ UNARY = {
     "getitem": (lambda x: x[1:, ::2] ** 2, {}),
     "flip": (lambda x: x.flip(-1) ** 2, {}),
     "flip dims": (lambda x: x.flip((0, 1)) * x, {}),
+    "roll": (lambda x: x.roll(1, -1) ** 2, {}),
+    "roll flattened": (lambda x: x.roll(-2) * x, {}),
+    "log10": (lambda x: x.log10() * x, {"lo": 0.3}),
+    "log2": (lambda x: x.log2() * x, {"lo": 0.3}),
     "sin": (lambda x: x.sin() * x, {}),
     "cos": (lambda x: x.cos() * x, {}),
     "prod": (lambda x: x.prod(-1) * x.sum(), {}),
     "prod all": (lambda x: x.prod() * x, {}),
-    "clamp tensor bounds": (
+    "clamp tensor bounds": (  # the bounds lie in ±(0.34, 0.77) for any x in [-2, 2]
         lambda x: x.clamp(min=x[:1] * 0.1 - 0.5432, max=x[:1] * 0.1 + 0.5678) * x,
-        {},
+        {"away": [(-0.8, -0.3), (0.3, 0.8)]},
     ),
-    "masked_fill value": (lambda x: x.masked_fill(x.data > 0.4321, x[0, 0]) * x, {"min_abs": 0.3}),
+    "masked_fill value": (
+        lambda x: x.masked_fill(x.data > 0.4321, x[0, 0]) * x,
+        {"away": kinks(0.4321)},
+    ),
     "getitem ids": (lambda x: x[np.array([0, 1, 1])] ** 2, {}),
     "clone": (lambda x: x.clone() ** 2, {}),
     "contiguous": (lambda x: x.T.contiguous() ** 2, {}),
@@ -103,7 +137,7 @@ UNARY = {
 
 
 ELEMENTWISE = {"neg", "exp", "log", "sqrt", "tanh", "sigmoid", "abs", "relu", "x**3", "2**x"}
-ELEMENTWISE |= {"clamp", "where", "masked_fill", "clone", "sin", "cos"}
+ELEMENTWISE |= {"clamp", "where", "masked_fill", "clone", "sin", "cos", "log10", "log2"}
 
 
 @pytest.mark.parametrize("op", UNARY)
@@ -112,7 +146,10 @@ ELEMENTWISE |= {"clamp", "where", "masked_fill", "clone", "sin", "cos"}
 def test_unary_and_shape(op, data):
     fn, kw = UNARY[op]
     shape = data.draw(shapes(max_dims=3)) if op in ELEMENTWISE else (2, 3)
-    x = data.draw(arrays(shape, **{"hi": 2.0, **kw}))
+    if "away" in kw:
+        x = data.draw(hnp.arrays(np.float64, shape, elements=outside(*kw["away"])))
+    else:
+        x = data.draw(arrays(shape, **{"hi": 2.0, **kw}))
     ggc(fn, x, name=op)
 
 
