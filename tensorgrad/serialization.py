@@ -1,50 +1,95 @@
 """``tg.save(obj, path)`` / ``tg.load(path)``: state dicts of tensors, without pickle.
 
-The tensors (and arrays) go into one safetensors file; everything else in ``obj`` (nested
-dicts, lists, tuples, numbers, strings, None) goes, as JSON, into its metadata, with each
-tensor replaced by a reference to its entry. Loading never executes code from the file.
+The tensors (and arrays, and NumPy scalars) go into one safetensors file; everything else in
+``obj`` (nested dicts, lists, tuples, numbers, strings, None) goes, as JSON, into its metadata,
+with each tensor replaced by a reference to its entry. Loading never executes code from the
+file, and treats it as untrusted: it must be a regular file whose header describes exactly its
+bytes, and only the arrays the JSON names are read (each once, at its offsets). Anything else
+is one ``ValueError`` line: "load: <path> is not a tensorgrad file: ..." or "... is corrupt: ...".
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import math
 import os
+import secrets
+import stat
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from .backend import to_device, to_numpy
 from .tensor import Tensor
 
 _KEY = "tensorgrad.json"
+MAX_HEADER = 100 << 20  # bytes of JSON; a state dict with 10,000 tensors needs about 1 MB
+MAX_DEPTH = 100  # containers inside one another; a checkpoint needs about 5
+_DTYPES = {  # safetensors' names for the dtypes NumPy stores (little-endian on disk)
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "U32": np.uint32,
+    "I32": np.int32,
+    "U64": np.uint64,
+    "I64": np.int64,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
+    "C64": np.complex64,
+}
+_STORED = {np.dtype(t) for t in _DTYPES.values()}
+_MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__")
 
 
-def _encode(obj, arrays: dict, path: str):
-    if isinstance(obj, (Tensor, np.ndarray)) or hasattr(obj, "__cuda_array_interface__"):
+class _Refused(Exception):
+    """Why a file cannot be loaded; load() turns it into one ValueError line with the path."""
+
+
+# ----------------------------------------------------------------------------- save
+def _host(x) -> np.ndarray:
+    a = to_numpy(x)
+    return np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes a 0-d array 1-d
+
+
+def _encode(obj, arrays: dict, path: str, depth: int = 0):
+    if depth > MAX_DEPTH:
+        raise ValueError(f"save: obj is nested more than {MAX_DEPTH} levels deep (or holds itself)")
+    d = depth + 1
+    is_tensor = isinstance(obj, Tensor)
+    if is_tensor or isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
         name = path or "_"
         while name in arrays:  # {"a.b": x, "a": {"b": y}} spell the same path
             name += "'"
-        arrays[name] = np.ascontiguousarray(to_numpy(obj.array if isinstance(obj, Tensor) else obj))
-        return {"__tensor__" if isinstance(obj, Tensor) else "__array__": name}
+        arrays[name] = _host(obj.array if is_tensor else obj)
+        return {"__tensor__" if is_tensor else "__array__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-            return {k: _encode(v, arrays, f"{path}.{k}" if path else k) for k, v in obj.items()}
+            return {k: _encode(v, arrays, f"{path}.{k}" if path else k, d) for k, v in obj.items()}
         return {
             "__items__": [
                 [
-                    _encode(k, arrays, f"{path}.key{i}"),
-                    _encode(v, arrays, f"{path}.{k}" if path else str(k)),
+                    _encode(k, arrays, f"{path}.key{i}", d),
+                    _encode(v, arrays, f"{path}.{k}" if path else str(k), d),
                 ]
                 for i, (k, v) in enumerate(obj.items())
             ]
         }
     if isinstance(obj, (list, tuple)):
-        items = [_encode(v, arrays, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
+        items = [
+            _encode(v, arrays, f"{path}.{i}" if path else str(i), d) for i, v in enumerate(obj)
+        ]
         return {"__tuple__": items} if isinstance(obj, tuple) else items
     if isinstance(obj, np.generic):
-        return obj.item()
+        if obj.dtype not in _STORED:  # e.g. np.str_: stored as the Python value
+            return _encode(obj.item(), arrays, path, d)
+        enc = _encode(np.asarray(obj), arrays, path, d)  # a 0-d array keeps the dtype
+        return {"__scalar__": enc["__array__"]}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(
@@ -53,41 +98,216 @@ def _encode(obj, arrays: dict, path: str):
     )
 
 
-def _decode(obj, arrays: dict, device):
-    if isinstance(obj, list):
-        return [_decode(v, arrays, device) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if "__tensor__" in obj:
-        a = arrays[obj["__tensor__"]]
-        return Tensor(a if device is None else to_device(a, device), dtype=a.dtype)
-    if "__array__" in obj:
-        return arrays[obj["__array__"]]
-    if "__tuple__" in obj:
-        return tuple(_decode(v, arrays, device) for v in obj["__tuple__"])
-    if "__items__" in obj:
-        return {_decode(k, arrays, device): _decode(v, arrays, device) for k, v in obj["__items__"]}
-    return {k: _decode(v, arrays, device) for k, v in obj.items()}
-
-
 def save(obj, f) -> None:
-    """Write ``obj`` (a state dict, or a dict holding several) to the file ``f``."""
+    """Write ``obj`` (a state dict, or a dict holding several) to the file ``f``.
+
+    The bytes go to a new temporary file (created exclusively, so nothing planted at its
+    name is written through) beside ``f``, which then replaces ``f`` in one rename: a crash
+    mid-write leaves the old file intact."""
     arrays: dict = {}
     tree = _encode(obj, arrays, "")
     data = st_save(arrays, metadata={_KEY: json.dumps(tree)})
     path = Path(os.fspath(f))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)  # a crash mid-write leaves the old file intact
+    fd, tmp = _create_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _create_beside(path: Path) -> tuple[int, Path]:
+    """A new file with a random name beside path, created exclusively (a file or link planted
+    at that name fails the call instead of being written through), mode 0o666 less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name[:100]}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                errno.ENOENT, "save: no such directory", str(path.parent)
+            ) from None
+    raise FileExistsError(errno.EEXIST, "save: no free temporary name", str(path.parent))
+
+
+# ----------------------------------------------------------------------------- load
+def _open_regular(path: str) -> int:
+    """A descriptor of path, which must be a regular file (a FIFO is not waited on)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "load: a directory, not a file", path)
+    raise ValueError(
+        f"load: {path} is not a tensorgrad file: not a regular file (a device or pipe)"
+    )
+
+
+def _read_header(fh, size: int) -> tuple[dict, int, object]:
+    """(name -> tensor entry, where the data starts, the JSON tree) of an open file of size
+    bytes; every entry is checked and the entries must tile the data, which fills the file."""
+    head = fh.read(8)
+    n = int.from_bytes(head, "little")
+    if len(head) < 8 or n > min(MAX_HEADER, size - 8):
+        raise _Refused(f"is not a tensorgrad file: {_no_header(head, n, size)}")
+    try:
+        header = json.loads(fh.read(n).decode("utf-8"))
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, too deep, an int of 5000 digits
+        raise _Refused("is not a tensorgrad file: its header is not JSON") from None
+    meta = header.pop("__metadata__", None) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get(_KEY), str):
+        raise _Refused(f"is not a tensorgrad file: no {_KEY!r} metadata")
+    end = 0
+    for name, t in sorted(header.items(), key=lambda kv: _start(kv[1])):
+        if not _entry_ok(t):
+            raise _Refused(f"is corrupt: the entry of {_short(name)} is malformed")
+        a, b = t["data_offsets"]
+        if a != end:
+            raise _Refused(
+                f"is corrupt: the data of {_short(name)} overlaps another's or leaves a gap"
+            )
+        if b - a != math.prod(t["shape"]) * np.dtype(_DTYPES[t["dtype"]]).itemsize:
+            raise _Refused(
+                f"is corrupt: the size of {_short(name)} does not match its shape and dtype"
+            )
+        end = b
+    if 8 + n + end != size:
+        raise _Refused(f"is corrupt: the header describes {8 + n + end} bytes, the file has {size}")
+    try:
+        tree = json.loads(meta[_KEY])
+    except (ValueError, RecursionError):
+        raise _Refused(f"is corrupt: its {_KEY} is not JSON (or is nested too deep)") from None
+    return header, 8 + n, tree
+
+
+def _no_header(head: bytes, n: int, size: int) -> str:
+    """Why the first 8 bytes are not a safetensors header length (naming torch.save's formats)."""
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        kind = "a zip archive" if head[:1] == b"P" else "a pickle"
+        return (
+            f"it is {kind}, as torch.save writes; tensorgrad.load reads only what "
+            "tensorgrad.save wrote (it never unpickles)"
+        )
+    if len(head) < 8:
+        return f"{size} bytes, shorter than its 8-byte header"
+    return f"a header length of {n} does not fit the file"
+
+
+def _short(name) -> str:
+    """A name from the file for a message: quoted, and cut if long."""
+    s = json.dumps(name)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _start(t) -> int:
+    ok = isinstance(t, dict) and isinstance(t.get("data_offsets"), list) and t["data_offsets"]
+    return t["data_offsets"][0] if ok and _is_int(t["data_offsets"][0]) else -1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _entry_ok(t) -> bool:
+    return (
+        isinstance(t, dict)
+        and isinstance(t.get("dtype"), str)
+        and t["dtype"] in _DTYPES
+        and isinstance(t.get("shape"), list)
+        and len(t["shape"]) <= 32
+        and all(_is_int(s) and s >= 0 for s in t["shape"])
+        and isinstance(t.get("data_offsets"), list)
+        and len(t["data_offsets"]) == 2
+        and all(_is_int(o) and o >= 0 for o in t["data_offsets"])
+    )
+
+
+def _reader(fh, header: dict, start: int):
+    """take(name): the array of entry name, read from its offsets; each name at most once."""
+    taken = set()
+
+    def take(name) -> np.ndarray:
+        known = isinstance(name, str) and name in header
+        if not known or name in taken:
+            what = "an array twice" if known else "a missing array"
+            raise _Refused(f"is corrupt: its {_KEY} names {what} ({_short(name)})")
+        taken.add(name)
+        t = header[name]
+        a = np.empty(t["shape"], np.dtype(_DTYPES[t["dtype"]]).newbyteorder("<"))
+        buf, got = memoryview(a.reshape(-1).view(np.uint8)), 0
+        fh.seek(start + t["data_offsets"][0])
+        while got < len(buf):
+            k = fh.readinto(buf[got:])
+            if not k:
+                raise _Refused(f"is corrupt: the file ended inside {_short(name)}")
+            got += k
+        return a
+
+    return take
+
+
+def _decode(obj, take, device, depth: int = 0):
+    if depth > MAX_DEPTH:
+        raise _Refused(f"is corrupt: its {_KEY} is nested more than {MAX_DEPTH} levels deep")
+    d = depth + 1
+    if isinstance(obj, list):
+        return [_decode(v, take, device, d) for v in obj]
+    if not isinstance(obj, dict):
+        return obj  # a JSON string, number, true/false or null
+    marks = [k for k in obj if k.startswith("__")]
+    if not marks:
+        return {k: _decode(v, take, device, d) for k, v in obj.items()}
+    kind, v = marks[0], obj[marks[0]]
+    if len(obj) != 1 or kind not in _MARKERS:
+        raise _Refused(f"is corrupt: its {_KEY} holds an unknown entry {_short(kind)}")
+    if kind == "__tensor__":
+        a = take(v)
+        return Tensor(a if device is None else to_device(a, device), dtype=a.dtype)
+    if kind == "__array__":
+        return take(v)
+    if kind == "__scalar__":
+        a = take(v)
+        if a.ndim:
+            raise _Refused(f"is corrupt: the scalar {_short(v)} has shape {a.shape}")
+        return a[()]
+    if not isinstance(v, list):
+        raise _Refused(f"is corrupt: its {_KEY} holds a {kind} that is not a list")
+    if kind == "__tuple__":
+        return tuple(_decode(x, take, device, d) for x in v)
+    out = {}
+    for pair in v:  # __items__: [key, value] pairs of a dict with keys JSON cannot spell
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise _Refused(f"is corrupt: its {_KEY} holds a dict item that is not a pair")
+        key = _decode(pair[0], take, device, d)
+        try:
+            hash(key)
+        except TypeError:
+            raise _Refused(f"is corrupt: its {_KEY} holds an unhashable dict key") from None
+        out[key] = _decode(pair[1], take, device, d)
+    return out
 
 
 def load(f, map_location=None, weights_only: bool = True):
     """Read what ``save`` wrote; tensors come back as Tensors (on ``map_location``, default
-    the CPU), arrays as NumPy arrays. ``weights_only`` is accepted: nothing else is possible."""
-    data = Path(os.fspath(f)).read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
-    if _KEY not in meta:
-        raise ValueError(f"load: {f} was not written by tensorgrad.save (no {_KEY!r} metadata)")
+    the CPU), arrays as NumPy arrays, NumPy scalars with their dtype, 0-d tensors as 0-d.
+    ``weights_only`` is accepted: nothing else is possible. A file tensorgrad did not write
+    (a torch.save zip or pickle, a device, a truncated or crafted file) is one ValueError."""
+    path = os.fspath(f)
     device = None if map_location in (None, "cpu") else str(map_location)
-    return _decode(json.loads(meta[_KEY]), st_load(data), device)
+    with os.fdopen(_open_regular(path), "rb") as fh:
+        try:
+            header, start, tree = _read_header(fh, os.fstat(fh.fileno()).st_size)
+            return _decode(tree, _reader(fh, header, start), device)
+        except _Refused as e:
+            raise ValueError(f"load: {path} {e}") from None

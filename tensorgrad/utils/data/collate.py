@@ -1,11 +1,15 @@
 """How a DataLoader turns a list of samples into one batch (``default_collate``) and how it
 converts single samples when it does not batch (``default_convert``), as in torch.utils.data.
 
-default_collate, by the type of the first sample:
+default_collate, by the type of the first sample (``batch[0]``, as PyTorch's):
     Tensor            -> stack along a new dim 0 (every sample must have the same shape)
     NumPy array       -> stacked, as a Tensor of the array's dtype
-    NumPy scalar      -> a 1-d Tensor of that dtype
-    float / int / bool-> a 1-d Tensor: float64 / int64 / bool (PyTorch's dtypes)
+    NumPy scalar      -> a 1-d Tensor: NumPy scalars only, of their promoted dtype; mixed
+                         with Python numbers, the dtype torch.as_tensor infers
+    float             -> a 1-d float64 Tensor (any ints and bools after it become floats)
+    int / bool        -> a 1-d Tensor of the dtype torch.tensor infers from all of them:
+                         bool if all are bools, float32 if any is a float, else int64
+                         ([1, 2.5] -> [1.0, 2.5] float32; [True, 2] -> [1, 2] int64)
     str / bytes       -> the list unchanged
     dict (Mapping)    -> a dict of the same keys, each value collated
     namedtuple        -> the same namedtuple, each field collated
@@ -43,13 +47,13 @@ def default_collate(batch):
             raise TypeError(f"default_collate: cannot batch NumPy arrays of dtype {elem.dtype}")
         return _array_to_tensor(np.stack(batch))
     if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
-        return _array_to_tensor(np.asarray(batch, dtype=elem.dtype))
-    if isinstance(elem, bool):
-        return tensor(batch, dtype=np.bool_)
+        if all(isinstance(x, np.generic) for x in batch):
+            return _array_to_tensor(np.asarray(batch))
+        return tensor(batch)
     if isinstance(elem, float):
         return tensor(batch, dtype=np.float64)
-    if isinstance(elem, int):
-        return tensor(batch, dtype=np.int64)
+    if isinstance(elem, int):  # a bool is an int; the dtype follows every sample, not the first
+        return tensor(batch)
     if isinstance(elem, (str, bytes)):
         return batch
     if isinstance(elem, Mapping):

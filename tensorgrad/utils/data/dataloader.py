@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .collate import default_collate, default_convert
 from .dataset import IterableDataset
-from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from .sampler import BatchSampler, RandomSampler, SequentialSampler, check_batch_args
 
 
 def get_worker_info():
@@ -85,6 +85,8 @@ class DataLoader:
                 "batch_size=None option disables auto-batching and is mutually exclusive "
                 "with drop_last"
             )
+        elif batch_size is not None:  # every kind of dataset: a stream is batched by count
+            check_batch_args(batch_size, drop_last)
         if sampler is None and not self.iterable:
             sampler = (
                 RandomSampler(dataset, generator=generator)

@@ -14,6 +14,16 @@ from ...factory import multinomial, randint, randperm, tensor
 _CHUNK = 1024  # indices drawn at a time with replacement (num_samples may be 1e10)
 
 
+def check_batch_args(batch_size, drop_last) -> None:
+    """PyTorch's checks of BatchSampler's arguments (a DataLoader over a stream makes them too)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(
+            f"batch_size should be a positive integer value, but got batch_size={batch_size!r}"
+        )
+    if not isinstance(drop_last, bool):
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
+
+
 class Sampler:
     """Base class: subclasses define ``__iter__`` (indices) and usually ``__len__``."""
 
@@ -59,6 +69,10 @@ class RandomSampler(Sampler):
 
     def __iter__(self):
         n, left = len(self.data_source), self.num_samples
+        if n == 0 and left > 0:  # PyTorch divides by zero here; a permutation loop never ends
+            raise ValueError(
+                f"RandomSampler: cannot draw num_samples={left} indices from an empty data source"
+            )
         if self.replacement:
             while left > 0:
                 k = min(left, _CHUNK)
@@ -90,10 +104,11 @@ class SubsetRandomSampler(Sampler):
 
 class WeightedRandomSampler(Sampler):
     """``num_samples`` indices in [0, len(weights)), index i with probability proportional
-    to ``weights[i]`` (with or without replacement)."""
+    to ``weights[i]`` (with or without replacement; with it, drawn lazily in chunks, so a huge
+    ``num_samples`` costs nothing up front)."""
 
     def __init__(self, weights, num_samples: int, replacement: bool = True, generator=None):
-        if not isinstance(num_samples, int) or num_samples <= 0:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0:
             raise ValueError(
                 f"WeightedRandomSampler: num_samples must be a positive integer, got {num_samples!r}"
             )
@@ -103,8 +118,17 @@ class WeightedRandomSampler(Sampler):
         self.num_samples, self.replacement, self.generator = num_samples, replacement, generator
 
     def __iter__(self):
-        drawn = multinomial(self.weights, self.num_samples, self.replacement, self.generator)
-        return iter(drawn.tolist())
+        if not self.replacement:  # num_samples <= len(weights), or multinomial refuses
+            drawn = multinomial(self.weights, self.num_samples, False, self.generator)
+            return iter(drawn.tolist())
+        return self._draws()
+
+    def _draws(self):
+        left, chunk = self.num_samples, max(_CHUNK, self.weights.shape[0])
+        while left > 0:
+            k = min(left, chunk)
+            yield from multinomial(self.weights, k, True, self.generator).tolist()
+            left -= k
 
     def __len__(self) -> int:
         return self.num_samples
@@ -115,10 +139,7 @@ class BatchSampler(Sampler):
     dropped with ``drop_last``."""
 
     def __init__(self, sampler, batch_size: int, drop_last: bool):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, got {batch_size!r}")
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last should be a boolean value, got {drop_last!r}")
+        check_batch_args(batch_size, drop_last)
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
 
     def __iter__(self):
