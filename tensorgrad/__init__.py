@@ -26,8 +26,8 @@ from .backend import (
     tune_cpu_malloc,
 )
 from .backend import rng as generator
-from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
 from .eager import compile  # noqa: A004  (torch.compile: returns the model)
+from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
 from .factory import (
     Generator,
     arange,
@@ -40,6 +40,7 @@ from .factory import (
     eye,
     full,
     full_like,
+    get_default_device,
     linspace,
     manual_seed,
     multinomial,
@@ -51,6 +52,7 @@ from .factory import (
     randn,
     randn_like,
     randperm,
+    set_default_device,
     stack,
     tensor,
     tril,
@@ -169,6 +171,8 @@ __all__ = [
     "finfo",
     "iinfo",
     "get_default_dtype",
+    "set_default_device",
+    "get_default_device",
     "__version__",
     "distributed",
     "viz",

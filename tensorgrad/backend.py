@@ -127,9 +127,11 @@ def require_nccl():
 
 
 def get_array_module(*arrays):
-    """NumPy or CuPy, whichever holds the arrays (NumPy for scalars)."""
+    """NumPy or CuPy, whichever holds the arrays (NumPy for scalars); a Tensor is asked
+    for its array's."""
     if _multi:
         for a in arrays:
+            a = getattr(a, "_array", a)  # a Tensor: its array (the backend knows no Tensor)
             if _cupy and isinstance(a, _cupy.ndarray):
                 return _cupy
             for t, module, _ in _registered:
@@ -142,6 +144,10 @@ def shares_memory(a, b) -> bool:
     """Whether array a may overlap array b in memory (it itself, or a view of it)."""
     if a is b:
         return True
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.base is None and b.base is None:
+        # two NumPy arrays that each allocated their own memory (no base) cannot overlap;
+        # asked first because the tape asks this for every saved array of every op
+        return False
     msm = getattr(get_array_module(a), "may_share_memory", None)
     return bool(msm(a, b)) if msm is not None else getattr(a, "base", None) is not None
 
@@ -201,9 +207,20 @@ def register_array_module(array_type, module, device: str = "cuda"):
     return unregister
 
 
+default_device = "cpu"  # where a tensor goes when not told (torch.set_default_device)
+
+
+def set_default_device(device) -> None:
+    """Make ``device`` ('cpu', 'cuda'; None: the CPU) where factory functions and new modules'
+    parameters put their tensors when no device is given."""
+    global default_device
+    default_device = "cpu" if device is None else parse_device(device)
+
+
 def parse_device(device) -> str:
+    """'cpu' or 'cuda' (None: the default device)."""
     if device is None:
-        return "cpu"
+        return default_device
     d = str(device)
     if d == "cpu":
         return "cpu"

@@ -10,6 +10,7 @@ from .backend import device_of, parse_device, rng, xp_for
 from .ops import shape as shape_ops
 from .ops.dtypes import result_type, scalar_dtype
 from .tensor import DEFAULT_DTYPE, Tensor, as_array
+from .types import device as _device
 
 
 def _shape(size):
@@ -22,9 +23,27 @@ def _new(arr, requires_grad):
     return t
 
 
+def set_default_device(device) -> None:
+    """Where tensors and new modules' parameters are made when no device is given ('cpu',
+    'cuda'; None: back to the CPU), as torch.set_default_device."""
+    backend.set_default_device(device)
+
+
+def get_default_device() -> _device:
+    return _device(backend.default_device)
+
+
+def _default(device):
+    """``device``, or the default device when None and it is not the CPU (data stays put)."""
+    return (
+        device if device is not None or backend.default_device == "cpu" else backend.default_device
+    )
+
+
 def tensor(data, requires_grad: bool = False, dtype=None, device=None) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (as torch.tensor; ``as_tensor`` and
     ``from_numpy`` share memory); Python floats become float32, integers int64."""
+    device = _default(device)
     t = Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
     src = data.array if isinstance(data, Tensor) else data
     same_device = backend.is_array(src) and device_of(src) == device_of(t.array)
@@ -38,7 +57,7 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
     a Tensor of that dtype and device is returned as it is."""
     if isinstance(data, Tensor):
         return data.to(device=device, dtype=dtype) if dtype or device else data
-    return Tensor(data, dtype=dtype, device=device)
+    return Tensor(data, dtype=dtype, device=_default(device))
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:

@@ -47,9 +47,11 @@ def index_steps(key, xp=np) -> list:
     and adds repeats). A key that mixes integers with index arrays becomes two: the integers
     (slices elsewhere), then the rest without them.
     """
-    items = tuple(_one(k, xp) for k in key) if isinstance(key, tuple) else (_one(key, xp),)
+    if not isinstance(key, tuple):  # one key: nothing to reorder
+        return [_one(key, xp)]
+    items = tuple(_one(k, xp) for k in key)
     if not (any(_is_int(k) for k in items) and any(_advanced(k) for k in items)):
-        return [items if isinstance(key, tuple) else items[0]]
+        return [items]
     first, rest = [], []
     for k in items:
         if _is_int(k):

@@ -94,4 +94,13 @@ def tensor_repr(t, prefix: str = "tensor(") -> str:
         extra.append(f"grad_fn=<{type(t.grad_fn).__name__}Backward0>")
     elif t.requires_grad:
         extra.append("requires_grad=True")
-    return prefix + ", ".join([body, *extra]) + ")"
+    out = prefix + body
+    last = len(out) - out.rfind("\n") + 1  # PyTorch's count for the last line's length
+    for suffix in extra:  # a suffix that would pass column 80 starts a line of its own
+        if last + len(suffix) + 2 > 80:
+            out += ",\n" + " " * len(prefix) + suffix
+            last = len(prefix) + len(suffix)
+        else:
+            out += ", " + suffix
+            last += len(suffix) + 2
+    return out + ")"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import autograd
+from . import backend as _backend
 from .autograd import Op
 from .backend import device_of, get_array_module, shares_memory, to_device, to_numpy, xp_for
 from .indexing import index_steps
@@ -74,7 +75,7 @@ class Tensor(Select):
         self._out_index = 0
         self._version = [0]
         self.name = None
-        self._base = self._view_fn = self._views = None
+        self._base = self._view_fn = self._views = self._hooks = None
         self._requires_grad = False
         self.requires_grad = requires_grad
 
@@ -89,7 +90,7 @@ class Tensor(Select):
             data = np.asarray(data)  # full reductions give NumPy scalars: keep a 0-d array
         t = object.__new__(cls)
         t._array, t.grad, t._node, t._out_index, t._version, t.name = data, None, node, index, [0], None  # fmt: skip
-        t._base = t._view_fn = t._views = None
+        t._base = t._view_fn = t._views = t._hooks = None
         t._requires_grad = node is not None
         return t
 
@@ -339,6 +340,17 @@ class Tensor(Select):
     def _binary(self, cls, other, reflected=False, true_divide=False):
         """Apply a binary op after PyTorch's type promotion: both operands are cast to the
         result dtype (a float for true division of integers); Python numbers stay numbers."""
+        dt = self._array.dtype
+        if dt.kind == "f":
+            # the common cases need no promotion: a float tensor with a Python number (not a
+            # bool), or with a tensor of its dtype (on its device: one device unless a second
+            # array module is loaded). Small tensors spend more time deciding this than adding.
+            kind = type(other)
+            if kind is float or kind is int:
+                other = float(other)
+                return cls.apply(other, self) if reflected else cls.apply(self, other)
+            if isinstance(other, Tensor) and other._array.dtype == dt and not _backend._multi:
+                return cls.apply(other, self) if reflected else cls.apply(self, other)
         if isinstance(other, np.generic):
             other = other.item()  # NumPy scalars act as Python numbers (float32 stays float32)
         if not isinstance(other, (Tensor, bool, int, float)):
@@ -358,35 +370,17 @@ class Tensor(Select):
             other = float(other)
         return cls.apply(other, x) if reflected else cls.apply(x, other)
 
-    def __add__(self, o):
-        return self._binary(E.Add, o)
-
-    def __radd__(self, o):
-        return self._binary(E.Add, o, True)
-
-    def __sub__(self, o):
-        return self._binary(E.Sub, o)
-
-    def __rsub__(self, o):
-        return self._binary(E.Sub, o, True)
-
-    def __mul__(self, o):
-        return self._binary(E.Mul, o)
-
-    def __rmul__(self, o):
-        return self._binary(E.Mul, o, True)
-
-    def __truediv__(self, o):
-        return self._binary(E.Div, o, true_divide=True)
-
-    def __rtruediv__(self, o):
-        return self._binary(E.Div, o, True, true_divide=True)
-
-    def __pow__(self, o):
-        return self._binary(E.Pow, o)
-
-    def __rpow__(self, o):
-        return self._binary(E.Pow, o, True)
+    # (binary operators as one-liners: each is _binary with its op, reflected for __r*__)
+    __add__ = lambda self, o: self._binary(E.Add, o)  # noqa: E731
+    __radd__ = lambda self, o: self._binary(E.Add, o, True)  # noqa: E731
+    __sub__ = lambda self, o: self._binary(E.Sub, o)  # noqa: E731
+    __rsub__ = lambda self, o: self._binary(E.Sub, o, True)  # noqa: E731
+    __mul__ = lambda self, o: self._binary(E.Mul, o)  # noqa: E731
+    __rmul__ = lambda self, o: self._binary(E.Mul, o, True)  # noqa: E731
+    __truediv__ = lambda self, o: self._binary(E.Div, o, true_divide=True)  # noqa: E731
+    __rtruediv__ = lambda self, o: self._binary(E.Div, o, True, true_divide=True)  # noqa: E731
+    __pow__ = lambda self, o: self._binary(E.Pow, o)  # noqa: E731
+    __rpow__ = lambda self, o: self._binary(E.Pow, o, True)  # noqa: E731
 
     def __neg__(self):
         return E.Neg.apply(self)
@@ -439,17 +433,21 @@ class Tensor(Select):
         return self._binary(E.Minimum, other)
 
     # ------------------------------------------------------------------ unary math
-    exp = lambda self: E.Exp.apply(self)  # noqa: E731
-    log = lambda self: E.Log.apply(self)  # noqa: E731
-    sqrt = lambda self: E.Sqrt.apply(self)  # noqa: E731
-    tanh = lambda self: E.Tanh.apply(self)  # noqa: E731
+    # (of an integer tensor: float32, PyTorch's default dtype, not NumPy's float64)
+    exp = lambda self: E.Exp.apply(_floating(self))  # noqa: E731
+    log = lambda self: E.Log.apply(_floating(self))  # noqa: E731
+    sqrt = lambda self: E.Sqrt.apply(_floating(self))  # noqa: E731
+    tanh = lambda self: E.Tanh.apply(_floating(self))  # noqa: E731
     abs = lambda self: E.Abs.apply(self)  # noqa: E731
     relu = lambda self: E.Relu.apply(self)  # noqa: E731
-    sigmoid = lambda self: E.Sigmoid.apply(self)  # noqa: E731
+    sigmoid = lambda self: E.Sigmoid.apply(_floating(self))  # noqa: E731
     __abs__ = abs
 
-    sin = lambda self: U.Sin.apply(self)  # noqa: E731
-    cos = lambda self: U.Cos.apply(self)  # noqa: E731
+    sin = lambda self: U.Sin.apply(_floating(self))  # noqa: E731
+    cos = lambda self: U.Cos.apply(_floating(self))  # noqa: E731
+    log10 = lambda self: U.Log10.apply(self)  # noqa: E731
+    log2 = lambda self: U.Log2.apply(self)  # noqa: E731
+    roll = lambda self, shifts, dims=None: U.roll(self, shifts, dims)  # noqa: E731
     sign = lambda self: U.Stepwise.apply(self, fn="sign")  # noqa: E731
     floor = lambda self: U.Stepwise.apply(self, fn="floor")  # noqa: E731
     ceil = lambda self: U.Stepwise.apply(self, fn="ceil")  # noqa: E731
@@ -499,42 +497,42 @@ class Tensor(Select):
     clip = clamp
 
     # ------------------------------------------------------------------ reductions
-    def sum(self, dim=None, keepdim: bool = False, dtype=None):
+    def sum(self, dim=None, keepdim: bool = False, dtype=None, *, keepdims=False):
         x = self if dtype is None else self.astype(dtype)
         if x.dtype.kind in "biu":
             x = x.astype(np.int64)  # PyTorch sums integers (and bools) in int64
-        return reduce.Sum.apply(x, dim=dim, keepdim=keepdim)
+        return reduce.Sum.apply(x, dim=dim, keepdim=keepdim or keepdims)
 
-    def mean(self, dim=None, keepdim: bool = False, dtype=None):
+    def mean(self, dim=None, keepdim: bool = False, dtype=None, *, keepdims=False):
         x = self if dtype is None else self.astype(dtype)
         if x.dtype.kind != "f":
             raise RuntimeError(
                 f"mean: expected a floating point input, got {x.dtype}; pass "
                 "dtype=tg.float32 or call .float() first"
             )
-        return reduce.Mean.apply(x, dim=dim, keepdim=keepdim)
+        return reduce.Mean.apply(x, dim=dim, keepdim=keepdim or keepdims)
 
-    def prod(self, dim=None, keepdim: bool = False, dtype=None):
+    def prod(self, dim=None, keepdim: bool = False, dtype=None, *, keepdims=False):
         x = self if dtype is None else self.astype(dtype)
         if x.dtype.kind in "biu":
             x = x.astype(np.int64)
         d = None if dim is None else wrap_dim("prod", dim, self.ndim)
-        return U.Prod.apply(x, dim=d, keepdim=keepdim)
+        return U.Prod.apply(x, dim=d, keepdim=keepdim or keepdims)
 
-    def logsumexp(self, dim, keepdim: bool = False):
+    def logsumexp(self, dim, keepdim: bool = False, *, keepdims=False):
         """log(sum(exp(x))) along ``dim``, shifted by the max so large values stay finite."""
         m = self.detach().amax(dim, keepdim=True)
         m = m.where(m.isfinite(), 0.0)
         out = (self - m).exp().sum(dim, keepdim=True).log() + m
-        return out if keepdim else out.squeeze(dim)
+        return out if keepdim or keepdims else out.squeeze(dim)
 
-    def var(self, dim=None, keepdim: bool = False, unbiased: bool = True, correction=None):
+    def var(self, dim=None, keepdim=False, unbiased=True, correction=None, *, keepdims=False):
         """Variance; ``correction`` (or ``unbiased``) 1 divides by n-1 as PyTorch, 0 by n."""
         c = (1 if unbiased else 0) if correction is None else correction
-        return reduce.Var.apply(self, dim=dim, keepdim=keepdim, correction=c)
+        return reduce.Var.apply(self, dim=dim, keepdim=keepdim or keepdims, correction=c)
 
-    def std(self, dim=None, keepdim: bool = False, unbiased: bool = True, correction=None):
-        return self.var(dim, keepdim, unbiased, correction).sqrt()
+    def std(self, dim=None, keepdim=False, unbiased=True, correction=None, *, keepdims=False):
+        return self.var(dim, keepdim or keepdims, unbiased, correction).sqrt()
 
     def norm(self, p=2, dim=None, keepdim: bool = False):
         """The p-norm over ``dim`` (every element by default; 'fro' is 2, inf the max |x|)."""
@@ -550,11 +548,11 @@ class Tensor(Select):
         """``dim`` checked under the name of the op the user called (None stays None)."""
         return None if dim is None else wrap_dims(op, dim, self.ndim)
 
-    def amax(self, dim=None, keepdim: bool = False, _op: str = "amax"):
-        return reduce.Max.apply(self, dim=self._dims(_op, dim), keepdim=keepdim)
+    def amax(self, dim=None, keepdim: bool = False, _op: str = "amax", *, keepdims=False):
+        return reduce.Max.apply(self, dim=self._dims(_op, dim), keepdim=keepdim or keepdims)
 
-    def amin(self, dim=None, keepdim: bool = False, _op: str = "amin"):
-        return -(-self).amax(self._dims(_op, dim), keepdim)
+    def amin(self, dim=None, keepdim: bool = False, _op: str = "amin", *, keepdims=False):
+        return -(-self).amax(self._dims(_op, dim), keepdim or keepdims)
 
     def cumsum(self, dim: int, dtype=None):
         x = self if dtype is None else self.astype(dtype)
@@ -574,13 +572,14 @@ class Tensor(Select):
         if len(shape_) == 1 and is_dtype(shape_[0]) and not isinstance(shape_[0], int):
             raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
         out = shape_ops.Reshape.apply(self, _dims(shape_))
-        if out.array.size and not shares_memory(out.array, self._array):
+        shared = shares_memory(out.array, self._array)
+        if out.array.size and not shared:
             raise RuntimeError(
                 f"view size is not compatible with input tensor's size and stride (shape "
                 f"{tuple(self.shape)} to {tuple(out.shape)}: at least one dimension spans "
                 "across two contiguous subspaces). Use .reshape(...) instead."
             )
-        return self._view_of(out, reshaper(out.array.shape))
+        return self._view_of(out, reshaper(out.array.shape), shared)
 
     def reshape(self, *shape_):
         """view when the memory allows it, else a copy."""
@@ -669,10 +668,14 @@ class Tensor(Select):
         return out
 
 
+def _floating(t: Tensor) -> Tensor:
+    return t if t._array.dtype.kind in "fc" else t.astype(DEFAULT_DTYPE)
+
+
 def _same_dtype(x: Tensor, o):
     """PyTorch's matmul takes no mixed dtypes (float32 @ float64 raises)."""
     o = o if isinstance(o, Tensor) else Tensor(o)
-    if o.dtype != x.dtype:
+    if o._array.dtype != x._array.dtype:  # the arrays' dtypes: cheaper than the Tensors'
         c = {"float32": "float", "float64": "double", "float16": "c10::Half", "int64": "long int"}
         a, b = (c.get(d.name, d.name) for d in (x.dtype, o.dtype))
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a} != {b}")

@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 
 from .autograd import is_grad_enabled
+from .autograd.graph import op_observers
 from .backend import (
     device_of,
     get_array_module,
@@ -68,6 +69,10 @@ def scalar_value(op: str, value):
     return value
 
 
+# the ufunc of each arithmetic op that InPlace._direct may run into a tensor's own memory
+_UFUNCS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.divide}
+
+
 class InPlace:
     """Tensor's in-place and view methods (Tensor subclasses this; it adds no state)."""
 
@@ -96,16 +101,46 @@ class InPlace:
     def _inplace(self, cls, other, op: str, true_divide=False):
         """x op= y: write the result into x's array, bump its version, adopt the new node."""
         self._check_inplace(op)
+        if self._direct(cls, other):
+            b = other._array if isinstance(other, InPlace) else float(other)
+            _UFUNCS[cls](self._array, b, out=self._array)
+            self._written()
+            return self
         return self._adopt(op, self._binary(cls, other, true_divide=true_divide))
+
+    def _direct(self, cls, other) -> bool:
+        """Whether ``x op= other`` can be one NumPy ufunc writing into x's memory, with the
+        same result as the general path: nothing to record, a float tensor, and a Python
+        number or a tensor of x's dtype and shape (the lectures' ``p.data += -lr * p.grad``:
+        no new array, no copy)."""
+        a = self._array
+        if cls not in _UFUNCS or type(a) is not np.ndarray or a.dtype.kind != "f":
+            return False
+        if op_observers:  # a tool watching the ops (a trace, gpt-explain) sees the op run
+            return False
+        if isinstance(other, InPlace):
+            o = other._array
+            if type(o) is not np.ndarray or o.dtype != a.dtype or o.shape != a.shape:
+                return False
+            recorded = other._requires_grad
+        elif type(other) is float or type(other) is int:  # not bool: it promotes otherwise
+            recorded = False
+        else:
+            return False
+        if not is_grad_enabled():
+            return True
+        base = self._base
+        return not (recorded or self._requires_grad or (base is not None and base.requires_grad))
 
     def _adopt(self, op: str, r: InPlace) -> InPlace:
         """Write the out-of-place result r into self's memory and take over r's graph node,
         so that later ops (and backward) see self as the result."""
-        if r.shape != self.shape:
+        a, ra = self._array, r._array  # the arrays' shapes and dtypes: cheaper than the Tensor's
+        if ra.shape != a.shape:
             raise RuntimeError(
                 f"{op}: result shape {tuple(r.shape)} does not fit the tensor's shape {tuple(self.shape)}"
             )
-        if r.dtype.kind == "f" and self.dtype.kind != "f":
+        if ra.dtype.kind == "f" and a.dtype.kind != "f":
             raise RuntimeError(
                 f"{op}: result type {r.dtype} can't be cast to the desired output type {self.dtype}"
             )
@@ -113,7 +148,7 @@ class InPlace:
         if base is not None and is_grad_enabled() and (base.requires_grad or r.requires_grad):
             vf = self._view_fn
             return self._write_through(r.astype(self.dtype), vf, lambda a, v: put_all(vf(a), v))
-        get_array_module(self._array).copyto(self._array, r.array, casting="unsafe")
+        get_array_module(a).copyto(a, ra, casting="unsafe")
         self._written()
         if r._node is not None:
             self._node, self._out_index, self._requires_grad = r._node, r._out_index, True
@@ -335,11 +370,14 @@ class InPlace:
             self.requires_grad or (base is not None and base.requires_grad)
         )
 
-    def _view_of(self, out: InPlace, fn) -> InPlace:
-        """Mark ``out`` as a view of self when it really shares self's memory: it then shares
-        the version counter, remembers the base and, as ``fn`` after self's own, how to find
-        its region in an array shaped like the base (for recorded in-place writes)."""
-        if shares_memory(out.array, self._array):
+    def _view_of(self, out: InPlace, fn, shared: bool | None = None) -> InPlace:
+        """Mark ``out`` as a view of self when it really shares self's memory (``shared``, when
+        the caller knows): it then shares the version counter, remembers the base and, as
+        ``fn`` after self's own, how to find its region in an array shaped like the base (for
+        recorded in-place writes)."""
+        if shared is None:
+            shared = shares_memory(out._array, self._array)
+        if shared:
             out._version = self._version
             if self._base is None:
                 out._base, out._view_fn = self, fn

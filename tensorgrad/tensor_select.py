@@ -18,6 +18,7 @@ from .ops.dtypes import result_type
 from .tensor_inplace import InPlace, as_array, scalar_value, tracked
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])  # max(dim), min(dim), sort, topk
+Histogram = namedtuple("histogram", ["hist", "bin_edges"])  # torch.histogram's pair
 
 
 def _xp_op(name: str):
@@ -79,11 +80,11 @@ class Select(InPlace):
         axes = None if dim is None else wrap_dims(op, dim, self.ndim) if self.ndim else None
         return self._leaf(xp.asarray(getattr(xp, op)(self._array, axis=axes, keepdims=keepdim)))
 
-    def all(self, dim=None, keepdim: bool = False):
-        return self._bool_reduce("all", dim, keepdim)
+    def all(self, dim=None, keepdim: bool = False, *, keepdims=False):
+        return self._bool_reduce("all", dim, keepdim or keepdims)
 
-    def any(self, dim=None, keepdim: bool = False):
-        return self._bool_reduce("any", dim, keepdim)
+    def any(self, dim=None, keepdim: bool = False, *, keepdims=False):
+        return self._bool_reduce("any", dim, keepdim or keepdims)
 
     def count_nonzero(self, dim=None):
         """The number of nonzero elements (over ``dim``), int64."""
@@ -99,9 +100,10 @@ class Select(InPlace):
         o = as_array(other)
         return tuple(o.shape) == tuple(self.shape) and bool((self._array == o).all())
 
-    def max(self, dim=None, keepdim: bool = False):
+    def max(self, dim=None, keepdim: bool = False, *, keepdims=False):
         """max() -> scalar tensor; max(dim) -> (values, indices), the gradient going to the
         returned index at ties (amax splits it); max(other) elementwise."""
+        keepdim = keepdim or keepdims
         if isinstance(dim, InPlace):
             return self.maximum(dim)
         if dim is None:
@@ -109,7 +111,8 @@ class Select(InPlace):
         d = wrap_dim("max", dim, self.ndim) if self.ndim else dim
         return self._pick(d, keepdim, self.argmax(d, keepdim=True), "max")
 
-    def min(self, dim=None, keepdim: bool = False):
+    def min(self, dim=None, keepdim: bool = False, *, keepdims=False):
+        keepdim = keepdim or keepdims
         if isinstance(dim, InPlace):
             return self.minimum(dim)
         if dim is None:
@@ -125,14 +128,16 @@ class Select(InPlace):
         values = self.gather(d, idx)
         return MaxResult(values, idx) if keepdim else MaxResult(values.squeeze(d), idx.squeeze(d))
 
-    def argmax(self, dim=None, keepdim: bool = False):
+    def argmax(self, dim=None, keepdim: bool = False, *, keepdims=False):
+        keepdim = keepdim or keepdims
         xp = get_array_module(self._array)
         if dim is None:
             return self._leaf(xp.asarray(xp.argmax(self._array)))
         d = wrap_dim("argmax", dim, self.ndim)
         return self._leaf(xp.asarray(xp.argmax(self._array, axis=d, keepdims=keepdim)))
 
-    def argmin(self, dim=None, keepdim: bool = False):
+    def argmin(self, dim=None, keepdim: bool = False, *, keepdims=False):
+        keepdim = keepdim or keepdims
         xp = get_array_module(self._array)
         if dim is None:
             return self._leaf(xp.asarray(xp.argmin(self._array)))
@@ -252,6 +257,21 @@ class Select(InPlace):
         if return_inverse:
             rest[0] = rest[0].reshape(self._array.shape).astype(np.int64)
         return (self._leaf(vals), *(self._leaf(r.astype(np.int64)) for r in rest))
+
+    def histogram(self, bins=100, *, range=None, weight=None, density=False):
+        """(hist, bin_edges): counts (or densities) of the values in ``bins`` equal bins over
+        ``range`` (min to max by default), or between the edges of a 1-d tensor ``bins``; the
+        last bin includes its right edge. No gradient, as torch.histogram."""
+        if self.dtype.kind != "f":
+            raise RuntimeError(f"histogram: expected a floating point input, got {self.dtype}")
+        xp = get_array_module(self._array)
+        b = as_array(bins) if isinstance(bins, InPlace) else int(bins)
+        w = None if weight is None else as_array(weight).reshape(-1)
+        hist, edges = xp.histogram(
+            self._array.reshape(-1), bins=b, range=range, weights=w, density=density
+        )
+        dt = self._array.dtype
+        return Histogram(self._leaf(hist.astype(dt)), self._leaf(edges.astype(dt)))
 
     def where(self, condition, other):
         """self where ``condition`` holds, else ``other`` (broadcast; a Python number allowed),

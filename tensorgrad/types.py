@@ -18,10 +18,11 @@ from .tensor_inplace import InPlace
 class dtype:  # noqa: N801  (torch.dtype)
     """A tensor element type (``tg.float32``); ``np.dtype(tg.float32)`` is NumPy's."""
 
-    __slots__ = ("dtype",)
+    __slots__ = ("dtype", "kind")  # kind kept as a slot: ``x.dtype.kind`` is asked per op
 
     def __init__(self, np_dtype):
         object.__setattr__(self, "dtype", np.dtype(np_dtype))
+        object.__setattr__(self, "kind", self.dtype.kind)
 
     def __repr__(self) -> str:
         return f"torch.{self.dtype.name}"
@@ -68,10 +69,12 @@ _CACHE: dict = {}
 
 def as_dtype(d) -> dtype:
     """The one ``dtype`` object for anything NumPy reads as a dtype."""
-    key = np.dtype(d)
-    out = _CACHE.get(key)
+    out = _CACHE.get(d) if isinstance(d, np.dtype) else None  # a tensor's own: no conversion
     if out is None:
-        out = _CACHE[key] = dtype(key)
+        key = np.dtype(d)
+        out = _CACHE.get(key)
+        if out is None:
+            out = _CACHE[key] = dtype(key)
     return out
 
 

@@ -656,3 +656,20 @@ def test_cuda_request_without_cupy_is_one_clear_line():
     for line in lines[1:]:
         msg = eval(line)
         assert "\n" not in msg and ".[cuda]" in msg and "CuPy is not installed" in msg
+
+
+def test_set_default_device_puts_new_tensors_and_layers_there(fake):
+    """torch.set_default_device: factories, tg.tensor and new modules' parameters and buffers
+    go to the default device when no device is given; None goes back to the CPU."""
+    tg.set_default_device("cuda")
+    try:
+        made = [tg.zeros(2), tg.randn(2), tg.arange(3), tg.full((2,), 1.0), tg.tensor([1.0])]
+        made += [nn.Linear(2, 2).weight, nn.BatchNorm1d(2).running_var, nn.Embedding(3, 2).weight]
+        assert [t.device.type for t in made] == ["cuda"] * len(made)
+        assert tg.get_default_device().type == "cuda" and tg.zeros(1, device="cpu").is_cuda is False
+        x = tg.randn(4, 2, requires_grad=True)
+        nn.BatchNorm1d(2)(nn.Linear(2, 2)(x)).sum().backward()
+        assert isinstance(x.grad.array, FakeArray)
+    finally:
+        tg.set_default_device(None)
+    assert tg.zeros(1).device.type == "cpu" and tg.get_default_device().type == "cpu"

@@ -3,6 +3,7 @@ processes run (no timings are checked: a test never measures speed)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks import recipe, startup
@@ -25,3 +26,40 @@ def test_startup_child_reports_each_phase():
     r = startup.child("char-small", 1, {"TG_KERNELS": "0"})
     assert set(r) == {"import_tensorgrad_s", "build_s", "first_step_s", "second_step_s"}
     assert all(v > 0 for v in r.values())
+
+
+def _small_report(res: dict, same_process: bool) -> str:
+    import argparse
+    import datetime as dt
+
+    from benchmarks import machine, small
+
+    rounds = {fw: [r] for fw, r in res.items()}
+    args = argparse.Namespace(
+        threads=None, same_process=same_process, rounds=1, reps=1, blas_env="removed"
+    )
+    return small.report(
+        small.summarize(rounds), rounds, args, {}, machine.describe(), dt.datetime.now()
+    )
+
+
+def test_small_tensor_cases_run_and_report():
+    from benchmarks import small
+
+    res = small.child("tensorgrad", reps=1, min_rep_s=0.0, threads=None)
+    text = _small_report(res, same_process=False)
+    for case in small.CASES:
+        assert f"| {case} | tensorgrad |" in text
+        assert np.isfinite(res["tensorgrad"][case]["check"])
+
+
+def test_small_tensor_cases_compute_what_torch_computes():
+    pytest.importorskip("torch")
+    from benchmarks import small
+
+    res = small.child("both", reps=1, min_rep_s=0.0, threads=None)  # taking turns
+    for case in small.CASES:
+        tg_value, torch_value = (res[fw][case]["check"] for fw in ("tensorgrad", "torch"))
+        assert tg_value == pytest.approx(torch_value, rel=1e-5), case
+        assert len(res["tensorgrad"][case]["ratio_to_last"]) == 1
+    assert "| mlp | torch |" in _small_report(res, same_process=True)

@@ -816,6 +816,79 @@ def _load_into_shared_storage():
     return l2.weight.abs().sum().item()
 
 
+# issue 35: names used by makemore, the Zero to Hero notebooks and PyTorch's tutorials
+def _keepdims_shapes():
+    x = torch.arange(6.0).view(2, 3)
+    b = x > 1
+    outs = [
+        x.sum(1, keepdims=True),
+        x.mean(1, keepdims=True),
+        x.prod(1, keepdims=True),
+        x.std(1, keepdims=True),
+        x.var(1, keepdims=True),
+        x.logsumexp(1, keepdims=True),
+        x.amax(1, keepdims=True),
+        x.amin(1, keepdims=True),
+        x.max(1, keepdims=True).values,
+        x.min(1, keepdims=True).indices,
+        x.argmax(1, keepdims=True),
+        x.argmin(1, keepdims=True),
+        b.any(1, keepdims=True),
+        b.all(1, keepdims=True),
+        torch.sum(x, 0, keepdims=True),
+        torch.amax(x, dim=0, keepdims=True),
+    ]
+    return [tuple(o.shape) for o in outs]
+
+
+def _with_default_device(dev):
+    torch.set_default_device(dev)
+    try:
+        return torch.get_default_device(), torch.zeros(2).device, torch.tensor([1.0]).device
+    finally:
+        torch.set_default_device(None)
+
+
+def _rmsprop(**kw):
+    p = nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = torch.optim.RMSprop([p], lr=0.1, **kw)
+    for g in ([0.5, 0.25], [-1.0, 0.5], [0.25, 2.0]):
+        p.grad = torch.tensor(g)
+        opt.step()
+    return p.detach()
+
+
+def _rmsprop_state():
+    p = nn.Parameter(torch.tensor([1.0]))
+    opt = torch.optim.RMSprop([p], momentum=0.9, centered=True)
+    p.grad = torch.tensor([1.0])
+    opt.step()
+    return sorted(opt.state_dict()["state"][0])
+
+
+def _batchnorm():
+    bn = nn.BatchNorm1d(2)
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]])
+    y = [[round(v, 4) + 0.0 for v in row] for row in bn(x).tolist()]
+    bn.eval()
+    return y, bn.running_mean, bn.running_var, bn(x).detach(), bn.num_batches_tracked
+
+
+def _batchnorm_3d():
+    bn = nn.BatchNorm1d(2, affine=False, momentum=None)
+    x = torch.arange(12.0).view(2, 2, 3)
+    for _ in range(2):
+        y = bn(x)
+    return y.shape, bn.running_mean, bn.running_var, list(dict(bn.named_parameters()))
+
+
+def _batchnorm_grad():
+    bn = nn.BatchNorm1d(2)
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]], requires_grad=True)
+    (bn(x) * torch.tensor([[1.0, 2.0], [0.5, -1.0], [2.0, 0.0]])).sum().backward()
+    return x.grad, bn.weight.grad, bn.bias.grad
+
+
 LR = torch.optim.lr_scheduler
 IDIOMS = [
     (
@@ -851,6 +924,15 @@ IDIOMS = [
     ),
     ("clamp of ints by a float", lambda: torch.tensor([1, 2]).clamp(min=0.5), "tensor([1., 2.])"),
     ("compare ints with a float", lambda: torch.tensor([1, 2]) < 1.5, "tensor([ True, False])"),
+    (
+        "exp/log/sqrt/tanh/sigmoid/sin/cos of ints are float32",
+        lambda: [
+            str(getattr(torch.tensor([1, 4]), f)().dtype)
+            for f in ("exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos")
+        ],
+        "['torch.float32', 'torch.float32', 'torch.float32', 'torch.float32', "
+        "'torch.float32', 'torch.float32', 'torch.float32']",
+    ),
     (
         "max(dim) gradient at ties",
         lambda: _grad_of(lambda x: x.max(dim=0).values, [1.0, 3.0, 3.0]),
@@ -1225,6 +1307,125 @@ IDIOMS = [
         "Parameter containing:\ntensor([[0.1054, 0.1054],\n        [0.1054, 0.1054]], "
         "requires_grad=True)",
     ),
+    # issue 35: makemore, the Zero to Hero notebooks, PyTorch's autograd/nn/optim examples
+    (
+        "repr suffixes past column 80 wrap",
+        lambda: [
+            torch.ones(9, requires_grad=True) / 3,
+            torch.ones(9, requires_grad=True, dtype=torch.float64) / 3,
+            torch.full((9,), 1 / 3, requires_grad=True),
+            torch.ones(2, 7) / 3 * torch.ones(1, requires_grad=True),
+        ],
+        "[tensor([0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333],\n"
+        "       grad_fn=<DivBackward0>), tensor([0.3333, 0.3333, 0.3333, 0.3333, 0.3333, "
+        "0.3333, 0.3333, 0.3333, 0.3333],\n       dtype=torch.float64, grad_fn=<DivBackward0>), "
+        "tensor([0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333],\n"
+        "       requires_grad=True), tensor([[0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, "
+        "0.3333],\n        [0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333, 0.3333]],\n"
+        "       grad_fn=<MulBackward0>)]",
+    ),
+    (
+        "roll",
+        lambda: torch.arange(6).view(2, 3).roll(1, 1),
+        "tensor([[2, 0, 1],\n        [5, 3, 4]])",
+    ),
+    (
+        "roll, dims=None flattens",
+        lambda: torch.arange(6).view(2, 3).roll(-2),
+        "tensor([[2, 3, 4],\n        [5, 0, 1]])",
+    ),
+    (
+        "torch.roll tuples",
+        lambda: torch.roll(torch.arange(6).view(2, 3), shifts=(1, -1), dims=(0, 1)),
+        "tensor([[4, 5, 3],\n        [1, 2, 0]])",
+    ),
+    (
+        "roll gradient",
+        lambda: _grad_of(lambda x: x.roll(1) * torch.tensor([1.0, 2.0, 3.0]), [1.0, 1.0, 1.0]),
+        "tensor([2., 3., 1.])",
+    ),
+    (
+        "keepdims alias",
+        _keepdims_shapes,
+        "[(2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (2, 1), (1, 3), (1, 3)]",
+    ),
+    (
+        "log10 log2",
+        lambda: (torch.tensor([1.0, 10.0, 1000.0]).log10(), torch.log2(torch.tensor([1.0, 8.0]))),
+        "(tensor([0., 1., 3.]), tensor([0., 3.]))",
+    ),
+    (
+        "log10 log2 of integers are float32",
+        lambda: (torch.tensor([10, 100]).log10(), torch.log2(torch.tensor([8]))),
+        "(tensor([1., 2.]), tensor([3.]))",
+    ),
+    ("log10 gradient", lambda: _grad_of(torch.log10, [1.0, 10.0]), "tensor([0.4343, 0.0434])"),
+    ("log2 gradient", lambda: _grad_of(lambda x: x.log2(), [1.0, 4.0]), "tensor([1.4427, 0.3607])"),
+    (
+        "default device",
+        lambda: _with_default_device("cpu"),
+        "(device(type='cpu'), device(type='cpu'), device(type='cpu'))",
+    ),
+    (
+        "Flatten",
+        lambda: (
+            nn.Flatten(),
+            nn.Flatten()(torch.zeros(2, 3, 4)).shape,
+            nn.Flatten(0, 1)(torch.zeros(5, 1)).shape,
+        ),
+        "(Flatten(start_dim=1, end_dim=-1), torch.Size([2, 12]), torch.Size([5]))",
+    ),
+    (
+        "Unflatten",
+        lambda: (nn.Unflatten(1, (2, 3)), nn.Unflatten(-1, (2, 2))(torch.zeros(3, 4)).shape),
+        "(Unflatten(dim=1, unflattened_size=(2, 3)), torch.Size([3, 2, 2]))",
+    ),
+    ("RMSprop", lambda: _rmsprop(), "tensor([ 0.6758, -4.8588])"),
+    (
+        "RMSprop momentum centered",
+        lambda: _rmsprop(momentum=0.9, centered=True),
+        "tensor([-0.2403, -7.4122])",
+    ),
+    (
+        "RMSprop weight_decay alpha eps",
+        lambda: _rmsprop(alpha=0.9, eps=1e-3, weight_decay=0.1),
+        "tensor([ 0.8547, -2.9175])",
+    ),
+    (
+        "RMSprop state",
+        _rmsprop_state,
+        "['grad_avg', 'momentum_buffer', 'square_avg', 'step']",
+    ),
+    (
+        "histogram",
+        lambda: tuple(torch.histogram(torch.tensor([1.0, 2.0, 1.0]), bins=4, range=(0.0, 3.0))),
+        "(tensor([0., 2., 1., 0.]), tensor([0.0000, 0.7500, 1.5000, 2.2500, 3.0000]))",
+    ),
+    (
+        "histogram density",
+        lambda: tuple(torch.histogram(torch.tensor([1.0, 2.0, 1.0, 5.0]), bins=4, density=True)),
+        "(tensor([0.5000, 0.2500, 0.0000, 0.2500]), tensor([1., 2., 3., 4., 5.]))",
+    ),
+    (
+        "BatchNorm1d",
+        _batchnorm,
+        "([[-1.2247, -0.4629], [0.0, 1.3887], [1.2247, -0.9258]], tensor([0.3000, 0.3000]), tensor([1.3000, 1.6000]), tensor([[0.6139, 1.3440],\n        [2.3680, 4.5062],\n        [4.1222, 0.5534]]), tensor(1))",
+    ),
+    (
+        "BatchNorm1d gradient",
+        _batchnorm_grad,
+        "(tensor([[ 0.2041,  0.6062],\n        [-0.4082, -0.1212],\n        [ 0.2041, -0.4850]]), tensor([ 1.2247, -2.3145]), tensor([3.5000, 1.0000]))",
+    ),
+    (
+        "BatchNorm1d (N, C, L), cumulative average",
+        _batchnorm_3d,
+        "(torch.Size([2, 2, 3]), tensor([4., 7.]), tensor([11.6000, 11.6000]), [])",
+    ),
+    (
+        "BatchNorm1d repr",
+        lambda: nn.BatchNorm1d(3, momentum=0.2),
+        "BatchNorm1d(3, eps=1e-05, momentum=0.2, affine=True, bias=True, track_running_stats=True)",
+    ),
 ]
 
 
@@ -1320,6 +1521,14 @@ UNARY_NEW = {
         lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True),
     ),
     "nan_to_num": (lambda x: x.nan_to_num(), lambda x: x),
+    "roll": (lambda x: x.roll(1, -1), lambda x: np.roll(x, 1, -1)),
+    "roll flattened": (lambda x: x.roll(-2), lambda x: np.roll(x, -2)),
+    "roll two dims": (
+        lambda x: torch.roll(x, (1, 2), (0, -1)),
+        lambda x: np.roll(x, (1, 2), (0, -1)),
+    ),
+    "log10": (lambda x: x.abs().log10(), lambda x: np.log10(np.abs(x))),
+    "log2": (lambda x: torch.log2(x.abs()), lambda x: np.log2(np.abs(x))),
     "where promoted": (lambda x: torch.where(x > 0, x, 1), lambda x: np.where(x > 0, x, 1.0)),
 }
 
@@ -1364,6 +1573,10 @@ PAIR_NEW = {
         ).mean(),
     ),
     "outer": (lambda x, y: x[0].outer(y[0]), lambda x, y: np.outer(x[0], y[0])),
+    "batch_norm": (
+        lambda x, y: F.batch_norm(x, None, None, y[0], y[1], training=True),
+        lambda x, y: (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5) * y[0] + y[1],
+    ),
     "mm": (lambda x, y: x.mm(y.T), lambda x, y: x @ y.T),
 }
 
@@ -1373,6 +1586,43 @@ PAIR_NEW = {
 def test_new_two_input_op_gradients(op, data, shape):
     x, y = data.draw(arrays(shape, min_abs=0.1)), data.draw(arrays(shape, min_abs=0.1))
     check_op(*PAIR_NEW[op], x, y, name=f"{op} {shape}")
+
+
+def test_summary_writer_without_tensorboard_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "tensorgrad.utils.tensorboard", raising=False)
+    with pytest.raises(
+        ImportError, match=r"needs the tensorboard package.*pip install tensorboard"
+    ):
+        from tensorgrad.utils.tensorboard import SummaryWriter  # noqa: F401
+
+
+def test_summary_writer_scalars_read_back_by_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    from tensorgrad.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(tmp_path)) as writer:  # makemore's calls
+        writer.add_scalar("Loss/train", torch.tensor(2.5), 500)
+        writer.add_scalar("Loss/train", 1.75, 1000)
+        writer.add_scalars("lr", {"a": 0.1}, 3)
+        writer.flush()
+        with pytest.raises(NotImplementedError, match="scalars only"):
+            writer.add_histogram("w", torch.zeros(3), 0)
+    runs = {}
+    for run in (tmp_path, tmp_path / "lr_a"):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        runs[run.name] = {
+            tag: [(e.step, round(float(make_ndarray(e.tensor_proto)), 6)) for e in acc.Tensors(tag)]
+            for tag in acc.Tags()["tensors"]
+        }
+    assert runs == {
+        tmp_path.name: {"Loss/train": [(500, 2.5), (1000, 1.75)]},
+        "lr_a": {"lr": [(3, 0.1)]},
+    }
 
 
 def test_embedding_padding_row_gets_no_gradient():

@@ -5,6 +5,8 @@
     Function                         an op with your own backward (``F.apply(...)``)
     functional                       jacobian, hessian, vjp, jvp, hvp, vhp
     no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+    record_ops(observer)             watch each op's inputs and outputs as it runs
+    unobserved()                     ops inside are not shown to observers (a side computation)
 
 ``create_graph=True`` records the backward itself, so gradients can be differentiated again
 (gradient penalties, Hessian-vector products, Newton's method). The library's own ops are
@@ -20,10 +22,12 @@ from .graph import (
     enable_grad,
     is_grad_enabled,
     no_grad,
+    record_ops,
     register_tensor_type,
     register_tensor_xp,
     set_grad_enabled,
     unbroadcast,
+    unobserved,
     xp_of,
 )
 
@@ -39,6 +43,8 @@ __all__ = [
     "is_grad_enabled",
     "no_grad",
     "queue_callback",
+    "record_ops",
+    "unobserved",
     "register_hook",
     "register_tensor_type",
     "register_tensor_xp",

@@ -125,8 +125,8 @@ def _roots(outputs, grads, create_graph: bool, who: str) -> list:
                 f"{who}(): gradient shape {tuple(g.shape)} does not match the output "
                 f"shape {tuple(y.shape)}"
             )
-        if g.dtype != y.dtype:
-            g = g.astype(y.dtype)
+        if g.dtype != y.array.dtype:  # the array's dtype: NumPy compares it without converting
+            g = g.astype(y.array.dtype)
         roots.append((y, constant(g) if create_graph else g))
     return roots
 
@@ -142,7 +142,9 @@ class _Sink:
         self.handed = set()  # ids of the arrays already stored as a .grad in this walk
 
     def leaf(self, t, g) -> None:
-        g = run_hooks(getattr(t, "_hooks", None), g)
+        hooks = getattr(t, "_hooks", None)
+        if hooks:
+            g = run_hooks(hooks, g)
         if self.targets is None:
             if not is_tensor(g) and id(g) in self.handed:
                 g = g.copy()  # Add hands one array to both inputs: no two .grad may share
@@ -172,11 +174,13 @@ def run_walk(roots, retain_graph: bool, create_graph: bool, sink: _Sink) -> None
                 if e is not None and gx is not None:
                     sink.leaf(e, gx)
                 continue
+            node = e[0]
             if gx is not None:
                 _deliver(grads, e, gx)
-            pending[e[0]] -= 1
-            if pending[e[0]] == 0:
-                ready.append(e[0])
+            left = pending[node] - 1
+            pending[node] = left
+            if left == 0:
+                ready.append(node)
 
 
 def _leading_to(targets: dict, starts, pending: dict) -> set:
@@ -218,7 +222,8 @@ def _deliver(grads: dict, edge, g) -> None:
     slot = grads.get(node)
     if slot is None:
         slot = grads[node] = [None] * node.n_out
-    slot[k] = _accumulate(slot[k], g)
+    old = slot[k]
+    slot[k] = g if old is None else old + g  # (_accumulate, inlined: once per edge)
 
 
 def _count_edges(starts) -> dict:
@@ -241,19 +246,19 @@ def _run_node(fn: Op, gys, create_graph: bool, sink: _Sink):
     """Hooks, retained and captured gradients of fn's outputs, then fn's backward."""
     if fn.released:
         raise RuntimeError(RELEASED_MSG)
-    if gys is None or all(g is None for g in gys):
+    if gys is None:
         return None
-    check_versions(fn)
-    for i, g in enumerate(gys):
+    missing = 0  # outputs that received no gradient (counted without comparing arrays)
+    for g in gys:
         if g is None:
-            continue
-        if fn.hooks is not None and i in fn.hooks:
-            gys[i] = g = run_hooks(fn.hooks[i], g)
-        if sink.targets is None and fn.retained is not None and i in fn.retained:
-            sink.leaf(fn.retained[i], g)
-        elif sink.targets is not None and (id(fn), i) in sink.targets:
-            sink.targets[(id(fn), i)] = _accumulate(sink.targets[(id(fn), i)], g)
-    if any(g is None for g in gys):  # outputs that received no gradient contribute zeros
+            missing += 1
+    if missing == len(gys):
+        return None
+    if fn.checks:
+        check_versions(fn)
+    if fn.hooks is not None or fn.retained is not None or sink.targets is not None:
+        _output_grads(fn, gys, sink)
+    if missing:  # outputs that received no gradient contribute zeros
         xp = get_array_module(*[g.array if is_tensor(g) else g for g in gys if g is not None])
         gys = [_zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)]
     if create_graph:
@@ -264,6 +269,20 @@ def _run_node(fn: Op, gys, create_graph: bool, sink: _Sink):
         gxs = (gxs,)
     _check_grads(fn, gxs)
     return gxs
+
+
+def _output_grads(fn: Op, gys: list, sink: _Sink) -> None:
+    """Hooks on fn's outputs (which may replace a gradient in ``gys``), then the gradients
+    that retain_grad() keeps or grad() asks for."""
+    for i, g in enumerate(gys):
+        if g is None:
+            continue
+        if fn.hooks is not None and i in fn.hooks:
+            gys[i] = g = run_hooks(fn.hooks[i], g)
+        if sink.targets is None and fn.retained is not None and i in fn.retained:
+            sink.leaf(fn.retained[i], g)
+        elif sink.targets is not None and (id(fn), i) in sink.targets:
+            sink.targets[(id(fn), i)] = _accumulate(sink.targets[(id(fn), i)], g)
 
 
 def _release(fn: Op) -> None:
@@ -401,6 +420,15 @@ def _check_grads(fn: Op, gxs) -> None:
     float dtype equal to the input's; never None for an input that requires grad, unless
     the op lists that input in ``non_differentiable`` (PyTorch raises there too) or is a
     user's Function (where None means no gradient, as in PyTorch)."""
+    in_meta = fn.in_meta
+    if len(gxs) == len(in_meta):  # the usual case, checked in one quick pass
+        for gx, meta in zip(gxs, in_meta):
+            if meta is not None and (
+                gx is None or getattr(gx, "shape", None) != meta[0] or gx.dtype != meta[1]
+            ):
+                break  # a None, or a mismatch: the pass below decides and explains
+        else:
+            return
     if len(gxs) != len(fn.in_meta):
         raise RuntimeError(
             f"{fn.name}.backward returned {len(gxs)} gradients for {len(fn.in_meta)} inputs"
@@ -434,10 +462,11 @@ def _check_grads(fn: Op, gxs) -> None:
 
 def _accumulate_grad(t, g) -> None:
     """Add g (exactly t's shape and dtype, by the contract) into leaf t's ``.grad``."""
-    if tuple(g.shape) != tuple(t.array.shape) or g.dtype != t.array.dtype:
+    a = t._array
+    if tuple(g.shape) != tuple(a.shape) or g.dtype != a.dtype:
         raise RuntimeError(
             f"gradient of shape {tuple(g.shape)} and dtype {g.dtype} does not match the leaf's "
-            f"shape {tuple(t.array.shape)} and dtype {t.array.dtype}"
+            f"shape {tuple(a.shape)} and dtype {a.dtype}"
         )
     if is_tensor(g):  # create_graph: .grad is a tensor of the graph, added out of place
         t.grad = g if t.grad is None else t.grad + g

@@ -21,7 +21,16 @@ tensor ops, the backward is itself differentiable (``create_graph=True``).
 
 from __future__ import annotations
 
-from .graph import Op, check_versions, constant, enable_grad, is_grad_enabled, is_tensor, no_grad
+from .graph import (
+    Op,
+    check_versions,
+    constant,
+    enable_grad,
+    is_grad_enabled,
+    is_tensor,
+    no_grad,
+    op_observers,
+)
 
 
 class FunctionCtx:
@@ -95,6 +104,9 @@ class Function:
                     f"{cls.__name__}.forward returned {type(o).__name__} as output {j}; "
                     "return tensors"
                 )
+        if op_observers:  # a user's Function is opaque to a trace: it is told so (fn None)
+            for observe in op_observers:
+                observe(cls, None, args, kwargs, outs)
         if not (is_grad_enabled() and any(needs)):
             return out
         node = _CustomNode()

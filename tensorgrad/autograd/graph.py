@@ -27,11 +27,16 @@ from .. import backend as _backend
 from .. import kernels as _kernels
 from ..backend import get_array_module, shares_memory
 
-_state = threading.local()
+
+class _GradMode(threading.local):
+    enabled = True  # the class attribute is each new thread's default: recording on
+
+
+_state = _GradMode()
 
 
 def is_grad_enabled() -> bool:
-    return getattr(_state, "enabled", True)
+    return _state.enabled
 
 
 class set_grad_enabled(contextlib.ContextDecorator):
@@ -95,13 +100,15 @@ def xp_of(*xs):
     """The namespace backward code computes with: the Tensor one when any x is a Tensor
     (a graph of the backward is being recorded), else NumPy or CuPy."""
     for x in xs:
-        if is_tensor(x):
+        if isinstance(x, _tensor_type):  # (is_tensor(x), inlined: every backward asks)
             return _tensor_xp
     return get_array_module(*xs)
 
 
 def unbroadcast(g, shape: tuple):
     """Sum a broadcast gradient back down to ``shape`` (NumPy broadcasting rules)."""
+    if g.shape == shape:  # the usual case, asked before any conversion
+        return g
     shape = tuple(shape)
     if tuple(g.shape) == shape:
         return g
@@ -121,6 +128,12 @@ RELEASED_MSG = (
 
 
 # ----------------------------------------------------------------------------- the node
+
+# Callables told of every op as it runs, after its forward: observe(reference Op class, the
+# instance that ran (a kernel's, or the reference's), inputs, kwargs, output Tensors). Empty
+# but for tools that watch a forward (tensorgrad.compile traces one): the hot path pays one
+# truthiness test.
+op_observers: list = []
 
 
 class Op:
@@ -173,8 +186,18 @@ class Op:
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
+        # the hot path of every op: small arrays spend more time here than in the arithmetic,
+        # so it reads slots (x._array, x._requires_grad) rather than the Tensor properties, in
+        # one loop over the inputs
         Tensor = _tensor_type
-        arrays = [x.array if isinstance(x, Tensor) else x for x in inputs]
+        arrays, needs = [], []
+        for x in inputs:
+            if isinstance(x, Tensor):
+                arrays.append(x._array)
+                needs.append(x._requires_grad)
+            else:
+                arrays.append(x)
+                needs.append(False)
         if _backend._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
             _backend.check_same_device(cls.__name__.lower(), arrays)
         impl = cls
@@ -182,41 +205,57 @@ class Op:
             impl = _kernels.pick(cls.op, _backend.device_of(arrays[0]), *arrays, **kwargs) or cls
         fn = impl()
         fn.reference = cls
-        needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in inputs)
-        record = is_grad_enabled() and any(needs)
-        fn.needs_input_grad = needs if record else (False,) * len(inputs)
+        record = True in needs and _state.enabled  # (is_grad_enabled(), inlined)
+        fn.needs_input_grad = tuple(needs) if record else (False,) * len(inputs)
         out = fn.forward(*arrays, **kwargs)
-        outs = out if impl.multi_output else (out,)
-        if any(isinstance(o, np.generic) for o in outs):  # full reductions give NumPy scalars
-            outs = _scalars_as_arrays(fn, outs)
-        if not record:
-            results = [Tensor._make(o, None, 0) for o in outs]
-            return tuple(results) if impl.multi_output else results[0]
-        results = [Tensor._make(o, fn, i) for i, o in enumerate(outs)]
-        fn.attach(inputs, results)
-        if impl is not cls:  # a kernel: keep what replaying its reference needs
-            fn.replay = (arrays, kwargs, [(x, x._version[0]) for x in inputs if is_tensor(x)])
+        if impl.multi_output:
+            outs = out
+            if any(isinstance(o, np.generic) for o in outs):  # full reductions give scalars
+                outs = _scalars_as_arrays(fn, outs)
+        elif isinstance(out, np.generic):
+            outs = _scalars_as_arrays(fn, (out,))
+        else:
+            outs = (out,)
+        node = fn if record else None
+        if impl.multi_output:
+            results = [Tensor._make(o, node, i if record else 0) for i, o in enumerate(outs)]
+        else:
+            results = [Tensor._make(outs[0], node, 0)]
+        if record:
+            fn.attach(inputs, results, arrays)
+            if impl is not cls:  # a kernel: keep what replaying its reference needs
+                fn.replay = (arrays, kwargs, [(x, x._version[0]) for x in inputs if is_tensor(x)])
+        if op_observers:  # someone watches the ops run (tensorgrad.compile's trace)
+            for observe in op_observers:
+                observe(cls, fn, inputs, kwargs, results)
         return tuple(results) if impl.multi_output else results[0]
 
-    def attach(self, inputs, results) -> None:
-        """Make this op the graph node of ``results``, with an edge per input."""
+    def attach(self, inputs, results, arrays=None) -> None:
+        """Make this op the graph node of ``results``, with an edge per input (``arrays``:
+        the inputs' arrays, when the caller has them already)."""
+        Tensor = _tensor_type
         edges, in_meta = [], []
         for x in inputs:
-            if is_tensor(x) and x.requires_grad:
-                edges.append((x._node, x._out_index) if x._node is not None else x)
-                in_meta.append((x.array.shape, x.array.dtype))
+            if isinstance(x, Tensor) and x._requires_grad:
+                node = x._node
+                edges.append(x if node is None else (node, x._out_index))
+                a = x._array
+                in_meta.append((a.shape, a.dtype))
             else:
                 edges.append(None)
                 in_meta.append(None)
         self.edges, self.in_meta = edges, in_meta
         self.n_out = len(results)
-        self.out_meta = [(r.array.shape, r.array.dtype) for r in results]
+        self.out_meta = out_meta = []
+        for r in results:
+            out_meta.append((r._array.shape, r._array.dtype))
         self.retained = self.hooks = None
         self.released = False
         self.checks = ()
         if "saved" in self.__dict__:
-            self.checks = _guard_saved(self, inputs, results)
-            self.links = saved_links(self.saved, inputs, [r.array for r in results])
+            if arrays is None:
+                arrays = [x._array if isinstance(x, Tensor) else x for x in inputs]
+            self.checks, self.links = _guard_saved(self, inputs, results, arrays)
 
 
 def _scalars_as_arrays(fn: Op, outs) -> tuple:
@@ -244,23 +283,52 @@ def saved_links(saved, inputs, outs) -> tuple:
     return tuple(links)
 
 
-def _guard_saved(fn: Op, inputs, results) -> list:
-    """Version checks for every tensor whose memory a saved array shares; copies of saved
-    arrays that share the memory of a plain-array input (nothing else would see it change)."""
-    checks, saved, copied = [], list(fn.saved), False
+def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
+    """(checks, links) for fn's saved arrays, in one pass over them (it runs for every op).
+
+    checks: a version check for every tensor whose memory a saved array shares; a saved array
+    that shares the memory of a plain-array input is copied instead (nothing else would see
+    it change). links: ``saved_links`` of the saved arrays (after those copies)."""
+    Tensor = _tensor_type
+    # every input, then every output: (its tensor or None, its array, its link, whether it
+    # is a NumPy array that allocated its own memory, not a view of another's)
+    ndarray = np.ndarray
+    candidates = []
+    for k, x in enumerate(inputs):
+        a = arrays[k]
+        owns = type(a) is ndarray and a.base is None
+        candidates.append((x if isinstance(x, Tensor) else None, a, (0, k), owns))
+    for j, r in enumerate(results):
+        a = r._array
+        candidates.append((r, a, (1, j), type(a) is ndarray and a.base is None))
+    checks, checked, links, saved, copied = [], set(), [], list(fn.saved), False
     for i, s in enumerate(saved):
-        if not hasattr(s, "dtype") or not getattr(s, "ndim", 0):
-            continue  # None, Python scalars and 0-d arrays cannot be changed behind our back
-        for t in (*inputs, *results):
-            if is_tensor(t):
-                if shares_memory(s, t.array) and all(c[0] is not t for c in checks):
-                    checks.append((t, t._version[0]))
-            elif hasattr(t, "dtype") and getattr(t, "ndim", 0) and shares_memory(s, t):
-                saved[i], copied = s.copy(), True
-                break
+        link = None
+        if not hasattr(s, "dtype"):  # None, Python scalars: no link, nothing to guard
+            links.append(link)
+            continue
+        # 0-d arrays cannot be changed behind our back: they only need their link
+        guard = getattr(s, "ndim", 0)
+        s_owns = type(s) is ndarray and s.base is None
+        for t, a, where, owns in candidates:
+            if link is None and a is s:
+                link = where  # the first input (else output) that is this very array
+            if not guard or (t is None and not (hasattr(a, "dtype") and getattr(a, "ndim", 0))):
+                continue  # nothing to guard, or an input that holds no memory (a number, a key)
+            # two arrays that each own their memory share it only when they are one array:
+            # decided here without a call, as this runs for every op
+            shared = a is s or (not (s_owns and owns) and shares_memory(s, a))
+            if t is None:
+                if shared:
+                    saved[i], copied, link = s.copy(), True, None  # a copy is no input
+                    break
+            elif shared and id(t) not in checked:
+                checks.append((t, t._version[0]))
+                checked.add(id(t))
+        links.append(link)
     if copied:
         fn.saved = tuple(saved)
-    return checks
+    return checks, tuple(links)
 
 
 def check_versions(fn: Op, checks=None) -> None:
@@ -271,3 +339,38 @@ def check_versions(fn: Op, checks=None) -> None:
                 f"modified in place after it was saved (version {v} -> {t._version[0]}); "
                 "use an out-of-place op (x = x + y) instead of x += y or x[...] = ..."
             )
+
+
+class record_ops(contextlib.ContextDecorator):
+    """Watch the ops run: inside the block, ``observer(op, ran, inputs, kwargs, outputs)`` is
+    called after each op's forward (``op_observers``), with the reference Op class (e.g.
+    ``tensorgrad.ops.nn.Softmax``; your ``Function`` subclass for yours), the instance that ran
+    (a kernel's or the reference's; None for a Function), the inputs and keyword arguments as
+    passed, and the output Tensors. For tools that show a model's intermediate values as they
+    are made (gpt-explain finds the attention's scores this way); the observer must leave them
+    as they are. Process-wide; nested blocks each see every op."""
+
+    def __init__(self, observer):
+        self.observer = observer
+
+    def __enter__(self):
+        op_observers.append(self.observer)
+        return self.observer
+
+    def __exit__(self, *exc):
+        op_observers.remove(self.observer)
+        return False
+
+
+class unobserved(contextlib.ContextDecorator):
+    """Ops run inside are not shown to op observers: a side computation that is not part of
+    the forward being watched (a model's self-check on a copy of itself), so that neither a
+    trace (tensorgrad.compile) nor a tool that records stages (record_ops) takes it in."""
+
+    def __enter__(self):
+        self.saved = list(op_observers)
+        op_observers.clear()
+
+    def __exit__(self, *exc):
+        op_observers[:] = self.saved
+        return False

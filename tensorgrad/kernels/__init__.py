@@ -53,9 +53,10 @@ def register(op: str, device: str, name: str | None = None, when: Callable | Non
 
 def pick(op: str, device: str, *args, **kwargs):
     """The implementation to run for ``op`` on ``device`` with these arguments, or None."""
-    if not _enabled or op in _disabled:
+    kernels = _registry.get((op, device))
+    if not kernels or not _enabled or op in _disabled:  # asked first: most ops have none
         return None
-    for k in _registry.get((op, device), ()):
+    for k in kernels:
         if k.name not in _disabled and (k.when is None or k.when(*args, **kwargs)):
             return k.impl
     return None

@@ -22,7 +22,6 @@ benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -83,20 +82,26 @@ def kernel_threads() -> int:
     return max(1, int(os.environ.get("TG_KERNEL_THREADS", "1") or 1))
 
 
-@contextlib.contextmanager
-def threads_for(size: int):
+class threads_for:
     """``with threads_for(n):`` up to kernel_threads() numba threads for n elements of
-    work (at least PARALLEL_MIN of them), else one."""
-    prev = numba.get_num_threads()
-    want = min(prev, kernel_threads()) if size >= PARALLEL_MIN else 1
-    if want == prev:
-        yield
-        return
-    numba.set_num_threads(want)  # thread-local: other Python threads keep theirs
-    try:
-        yield
-    finally:
-        numba.set_num_threads(prev)
+    work (at least PARALLEL_MIN of them), else one. (A class rather than a generator
+    context manager: it runs around every kernel call, small ones included.)"""
+
+    __slots__ = ("size", "prev", "want")
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __enter__(self):
+        self.prev = prev = numba.get_num_threads()
+        self.want = min(prev, kernel_threads()) if self.size >= PARALLEL_MIN else 1
+        if self.want != prev:
+            numba.set_num_threads(self.want)  # thread-local: other Python threads keep theirs
+
+    def __exit__(self, *exc):
+        if self.want != self.prev:
+            numba.set_num_threads(self.prev)
+        return False
 
 
 def _run(kernel, size: int, *args) -> None:

@@ -1,6 +1,6 @@
 """``tensorgrad.nn``: modules and layers (``nn.Module``, ``nn.Linear``, ...), as in ``torch.nn``.
 
-modules.py     Module, Parameter and the layers a GPT is made of
+modules.py     Module, Parameter and the layers (a GPT's, BatchNorm1d, Flatten, ...)
 functional.py  the same functions as ``tensorgrad.functional`` (``torch.nn.functional``)
 init.py        in-place initialisers (``nn.init.normal_``, ...)
 utils.py       ``clip_grad_norm_``, ``clip_grad_value_``
@@ -10,9 +10,11 @@ parallel.py    ``DistributedDataParallel``
 from . import functional, init, parallel, utils
 from .modules import (
     GELU,
+    BatchNorm1d,
     CrossEntropyLoss,
     Dropout,
     Embedding,
+    Flatten,
     Identity,
     LayerNorm,
     Linear,
@@ -27,6 +29,7 @@ from .modules import (
     SiLU,
     Softmax,
     Tanh,
+    Unflatten,
 )
 
 __all__ = [
@@ -35,6 +38,9 @@ __all__ = [
     "Linear",
     "Embedding",
     "LayerNorm",
+    "BatchNorm1d",
+    "Flatten",
+    "Unflatten",
     "Dropout",
     "GELU",
     "ReLU",

@@ -7,6 +7,7 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
+from .. import backend
 from .. import functional as F
 from ..autograd import RemovableHandle
 from ..backend import get_array_module, rng, to_device
@@ -19,9 +20,13 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad: bool = True):
-        super().__init__(
-            data.array if isinstance(data, Tensor) else data, requires_grad=requires_grad
-        )
+        if isinstance(data, Tensor):
+            super().__init__(data.array, requires_grad=requires_grad)
+        elif backend.default_device != "cpu" and type(data) is np.ndarray:
+            # a layer's initial host array goes where tensors go by default (set_default_device)
+            super().__init__(data, requires_grad=requires_grad, device=backend.default_device)
+        else:  # an array already on a device stays there, as nn.Parameter(t) in PyTorch
+            super().__init__(data, requires_grad=requires_grad)
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
@@ -482,6 +487,92 @@ class LayerNorm(Module):
         affine = self.weight is not None
         bias = f", bias={self.bias is not None}" if affine else ""
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={affine}{bias}"
+
+
+class BatchNorm1d(Module):
+    """F.batch_norm over (N, C) or (N, C, L): batch statistics while training (the running
+    ones updated), running statistics in eval(). ``momentum=None``: the running statistics
+    are the plain average over the batches seen."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        *,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        c = (num_features,)
+        self.weight = Parameter(np.ones(c, DEFAULT_DTYPE)) if affine else None
+        self.bias = Parameter(np.zeros(c, DEFAULT_DTYPE)) if affine and bias else None
+        stats = {
+            "running_mean": np.zeros(c, DEFAULT_DTYPE),
+            "running_var": np.ones(c, DEFAULT_DTYPE),
+        }
+        stats["num_batches_tracked"] = np.array(0, np.int64)
+        for name, a in stats.items():
+            buf = Tensor(a, device=backend.default_device) if track_running_stats else None
+            self.register_buffer(name, buf)
+
+    def forward(self, x):
+        if x.ndim not in (2, 3):
+            raise ValueError(f"expected 2D or 3D input (got {x.ndim}D input)")
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # the cumulative average
+                momentum = 1.0 / self.num_batches_tracked.item()
+        batch_stats = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        return F.batch_norm(
+            x,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            batch_stats,
+            momentum,
+            self.eps,
+        )
+
+    def extra_repr(self):
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class Flatten(Module):
+    """x.flatten(start_dim, end_dim): by default everything but the batch dim."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """x.unflatten(dim, unflattened_size): one dim split into several."""
+
+    def __init__(self, dim: int, unflattened_size):
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x):
+        return x.unflatten(self.dim, self.unflattened_size)
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
 
 
 class Dropout(Module):

@@ -31,13 +31,17 @@ def _lt(a, b):
     return a < b
 
 
-def _check_broadcast(op: str, x, y):
-    sx, sy = _shape(x), _shape(y)
+def _broadcastable(sx, sy) -> bool:
     for a, b in zip(reversed(sx), reversed(sy)):
         if a != b and a != 1 and b != 1:
-            raise ValueError(
-                f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together"
-            )
+            return False
+    return True
+
+
+def _check_broadcast(op: str, x, y):
+    sx, sy = _shape(x), _shape(y)
+    if not _broadcastable(sx, sy):
+        raise ValueError(f"{op}: shapes {tuple(sx)} and {tuple(sy)} cannot be broadcast together")
 
 
 def _float_of(x, y):
@@ -53,8 +57,11 @@ def _float_of(x, y):
 
 class _Binary(Op):
     def forward(self, x, y):
-        _check_broadcast(self.name.lower(), x, y)
-        self.sx, self.sy = _shape(x), _shape(y)
+        self.sx = sx = getattr(x, "shape", ())
+        self.sy = sy = getattr(y, "shape", ())
+        # equal shapes, and scalars, always broadcast: asked first, as self.name is slow
+        if sx != sy and sx and sy and not _broadcastable(sx, sy):
+            _check_broadcast(self.name.lower(), x, y)
         return self.compute(*_float_of(x, y))
 
     def reduce(self, gx, gy):
@@ -69,7 +76,8 @@ class Add(_Binary):
         return x + y
 
     def backward(self, g):
-        return self.reduce(g, g)
+        nx, ny = self.needs_input_grad  # x + 0.5: no sum over g for the constant
+        return self.reduce(g if nx else None, g if ny else None)
 
 
 class Sub(_Binary):
@@ -77,7 +85,8 @@ class Sub(_Binary):
         return x - y
 
     def backward(self, g):
-        return self.reduce(g, -g)
+        nx, ny = self.needs_input_grad
+        return self.reduce(g if nx else None, -g if ny else None)
 
 
 class Mul(_Binary):

@@ -13,7 +13,7 @@ import math
 
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import device_of, errstate, get_array_module, rng
+from ..backend import device_of, errstate, get_array_module, is_cpu_array, rng
 from .elementwise import erf
 from .linalg import matmul
 from .shape import add_at
@@ -96,8 +96,12 @@ def reduce_losses(xp, losses, valid, reduction: str):
         return losses
     if reduction == "sum":
         return losses.sum()
+    count = valid.sum().astype(losses.dtype)
+    if is_cpu_array(valid) and count:  # nothing to silence (errstate costs more than the mean;
+        # on a GPU, asking whether count is 0 would wait for the device)
+        return losses.sum() / count
     with errstate(xp, invalid="ignore", divide="ignore"):
-        return losses.sum() / valid.sum().astype(losses.dtype)
+        return losses.sum() / count
 
 
 def loss_coef(g, valid, reduction: str, dtype):
@@ -105,8 +109,11 @@ def loss_coef(g, valid, reduction: str, dtype):
     coef = valid.astype(dtype)
     if reduction != "mean":
         return coef * g
+    count = valid.sum().astype(dtype)
+    if is_cpu_array(valid) and count:  # nothing to silence (see reduce_losses)
+        return coef * (g / count)
     with errstate(get_array_module(valid), invalid="ignore", divide="ignore"):
-        return coef * (g / valid.sum().astype(dtype))  # every row ignored: NaN, as PyTorch
+        return coef * (g / count)  # every row ignored: NaN, as PyTorch
 
 
 class CrossEntropy(Op):

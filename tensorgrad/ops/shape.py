@@ -10,7 +10,7 @@ from .dims import wrap_dim
 
 def resolve_shape(shape, size: int, old_shape) -> tuple:
     """Fill in one -1 and check the element count, naming both shapes on failure."""
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(map(int, shape))
     if shape.count(-1) > 1:
         raise ValueError(f"view: only one dimension can be -1, got {shape}")
     known = 1
@@ -149,9 +149,10 @@ class GetItem(Op):
 
     def forward(self, x, key):
         _check_bounds(x, key)
-        # index arrays are small: keep copies, so a later change to them cannot misroute
-        # the gradient
-        self.shape, self.dtype, self.key = x.shape, x.dtype, _own_key(key)
+        # index arrays are small: a recorded op keeps copies, so that a later change to them
+        # cannot misroute the gradient (an unrecorded one is dropped after its forward)
+        recorded = True in self.needs_input_grad
+        self.shape, self.dtype, self.key = x.shape, x.dtype, _own_key(key) if recorded else key
         return x[key]
 
     def backward(self, g):

@@ -89,6 +89,9 @@ class TensorXP:
             a = S.GetItem.apply(a, (slice(None),) * (ax % a.ndim) + (slice(None, None, -1),))
         return a
 
+    def roll(self, a, shift, axis=None):
+        return U.Roll.apply(a, shifts=shift, dims=axis)
+
     def concatenate(self, xs, axis=0):
         return S.Cat.apply(*xs, dim=axis)
 

@@ -1,12 +1,15 @@
-"""More elementwise and shape ops: sin, cos, the piecewise-constant ones (sign, floor, ceil,
-round: gradient 0, as PyTorch), flip, and prod. Backward is written against ``xp_of(g)``, so
+"""More elementwise and shape ops: sin, cos, log10, log2, the piecewise-constant ones (sign,
+floor, ceil, round: gradient 0, as PyTorch), flip, roll, and prod. Backward is written against ``xp_of(g)``, so
 it records a graph under ``create_graph=True`` (see ops/tensor_xp.py)."""
 
 from __future__ import annotations
 
+import math
+
 from ..autograd import Op, xp_of
 from ..autograd.graph import is_tensor
 from ..backend import get_array_module
+from .dims import wrap_dim
 
 
 class Sin(Op):
@@ -29,6 +32,33 @@ class Cos(Op):
         return -g * xp_of(g, x).sin(x)
 
 
+def _correctly_rounded(fn, x):
+    """fn(x) through float64: NumPy's float32 log10 and log2 are an ulp off for many inputs
+    (log10(1000) = 3.0000002); rounded from float64 they agree with PyTorch's. Integers give
+    float32, as PyTorch."""
+    if x.dtype.kind != "f":
+        return fn(x.astype("float64")).astype("float32")
+    return fn(x.astype("float64")).astype(x.dtype) if x.dtype.itemsize < 8 else fn(x)
+
+
+class Log10(Op):
+    def forward(self, x):
+        self.save(x)
+        return _correctly_rounded(get_array_module(x).log10, x)
+
+    def backward(self, g):
+        return g / (self.saved[0] * math.log(10.0))
+
+
+class Log2(Op):
+    def forward(self, x):
+        self.save(x)
+        return _correctly_rounded(get_array_module(x).log2, x)
+
+    def backward(self, g):
+        return g / (self.saved[0] * math.log(2.0))
+
+
 class Stepwise(Op):
     """sign, floor, ceil or round (``fn``): flat almost everywhere, so the gradient is 0."""
 
@@ -47,6 +77,37 @@ class Flip(Op):
 
     def backward(self, g):
         return xp_of(g).flip(g, self.dims), None
+
+
+class Roll(Op):
+    """Elements shifted ``shifts`` places along ``dims``, wrapping around (dims None: along the
+    flattened array, the shape kept); the gradient is g shifted back."""
+
+    def forward(self, x, shifts, dims):
+        self.shifts, self.dims = shifts, dims
+        return get_array_module(x).roll(x, shifts, dims)
+
+    def backward(self, g):
+        back = tuple(-s for s in self.shifts) if self.dims is not None else -self.shifts
+        return xp_of(g).roll(g, back, self.dims)
+
+
+def roll(x, shifts, dims=None):
+    """torch.roll: ``shifts`` and ``dims`` ints or tuples of equal length; dims None rolls the
+    flattened tensor (one shift) and keeps its shape."""
+    shifts = tuple(int(s) for s in shifts) if isinstance(shifts, (tuple, list)) else (int(shifts),)
+    if dims is None:
+        if len(shifts) != 1:
+            raise RuntimeError(
+                f"roll: shifts and dimensions must align. shifts: {len(shifts)}, dims: 0"
+            )
+        return Roll.apply(x, shifts=shifts[0], dims=None)
+    dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+    if len(shifts) != len(dims):
+        raise RuntimeError(
+            f"roll: shifts and dimensions must align. shifts: {len(shifts)}, dims: {len(dims)}"
+        )
+    return Roll.apply(x, shifts=shifts, dims=tuple(wrap_dim("roll", d, x.ndim) for d in dims))
 
 
 class Prod(Op):
