@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -50,6 +51,36 @@ _WHITE_SPACE = [
 
 
 MAX_TOKEN_ID = 1 << 24  # far above any real vocabulary; bounds what a vocab.json can allocate
+MAX_FILE_BYTES = 64 << 20  # GPT-2's vocab.json is 1 MB; bounds what a tokenizer file may hold
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A tokenizer file's UTF-8 text: a regular file (not a FIFO or device) of at most
+    MAX_FILE_BYTES, refused with one ValueError line otherwise (OSError if unreadable)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path} is {st.st_size:,} bytes, more than {MAX_FILE_BYTES:,}")
+        data = f.read(MAX_FILE_BYTES + 1)  # the file may grow after the check
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{path} is more than {MAX_FILE_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_json(path: str | os.PathLike):
+    """A tokenizer JSON file (see read_text); bad or too deeply nested JSON is a ValueError."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be a tokenizer file") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of thousands of digits
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
 
 
 class Tokenizer:
@@ -177,7 +208,7 @@ class CharTokenizer(Tokenizer):
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> CharTokenizer:
-        return cls.from_dict(json.loads(Path(directory, "tokenizer.json").read_text("utf-8")))
+        return cls.from_dict(read_json(Path(directory, "tokenizer.json")))
 
     def to_hf_json(self) -> dict:
         """This vocabulary as a Hugging Face `tokenizers` tokenizer.json: a WordLevel model over
@@ -521,9 +552,9 @@ class BPETokenizer(Tokenizer):
     def load(cls, directory: str | os.PathLike) -> BPETokenizer:
         """Read `vocab.json` + `merges.txt` (ours or a real GPT-2 tokenizer directory)."""
         directory = Path(directory)
-        vocab = json.loads((directory / "vocab.json").read_text("utf-8"))
+        vocab = read_json(directory / "vocab.json")
         # Split on "\n" only: str.splitlines would also break on U+0085 and friends.
-        lines = (directory / "merges.txt").read_text("utf-8").split("\n")
+        lines = read_text(directory / "merges.txt").split("\n")
         merges = [
             _split_merge(line.rstrip("\r"))
             for line in lines
@@ -569,7 +600,7 @@ def load_tokenizer_dir(path: str | os.PathLike) -> Tokenizer:
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         return BPETokenizer.load(path)
     if (path / "tokenizer.json").is_file():
-        d = json.loads((path / "tokenizer.json").read_text("utf-8"))
+        d = read_json(path / "tokenizer.json")
         if isinstance(d, dict) and "model" in d:  # the `tokenizers` format (gpt-export's)
             return CharTokenizer.from_hf_json(d)
         return tokenizer_from_dict(d)

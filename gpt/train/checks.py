@@ -84,6 +84,8 @@ def _check_data(c: TrainConfig, check_paths: bool) -> None:
             raise UsageError(
                 f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), got {c.vocab_size}"
             )
+    for name in ("data", "out_dir", "init_from"):
+        check_utf8_name(_flag(name), getattr(c, name))
     if check_paths:
         check_data_path(c.data)
         if c.out_dir and Path(c.out_dir).exists() and not Path(c.out_dir).is_dir():
@@ -109,6 +111,21 @@ def _check_model(c: TrainConfig, check_paths: bool) -> None:
             f"n_embd ({m['n_embd']}) must be divisible by n_head "
             f"({m['n_head']}); set --n-embd / --n-head accordingly"
         )
+
+
+def check_utf8_name(flag: str, path: str | None) -> None:
+    """A file name that is not UTF-8 (its undecodable bytes arrive as lone surrogates) cannot
+    go into the run's JSON, cache key and messages: refuse it, showing the bytes."""
+    if path is None:
+        return
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"{flag} {shown}: the name is not valid UTF-8; rename it (or link to it) "
+            "with a UTF-8 name"
+        ) from None
 
 
 def check_data_path(path: str | None) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from . import INSTALL_HINT, launch_rank, launch_world_size
 
 _LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+MAX_RANKS_PER_CPU = 4  # beyond this, more ranks only share the CPUs (and memory) thinner
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
 
 
@@ -60,6 +61,25 @@ def rank_entry(script: str, args: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def rank_count(text: str) -> int:
+    """--nproc_per_node: 'auto' or 'cpu' (one rank per CPU), or ASCII digits (int() would also
+    take '٣'), at most MAX_RANKS_PER_CPU per CPU: each rank is a whole Python process."""
+    cpus = os.cpu_count() or 1
+    if text in ("auto", "cpu"):
+        return cpus
+    err = f"tensorgrad.distributed.run: error: --nproc_per_node {text[:20]!r}"
+    limit = MAX_RANKS_PER_CPU * cpus
+    n = int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else limit + 1
+    if not (text.isascii() and text.isdigit()) or n < 1:
+        raise SystemExit(f"{err}: a positive number in ASCII digits, or auto")
+    if n > limit:
+        raise SystemExit(
+            f"{err}: at most {limit} ranks on this machine ({MAX_RANKS_PER_CPU} per CPU, "
+            f"{cpus} CPUs); each rank is a Python process (auto starts one per CPU)"
+        )
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tensorgrad.distributed.run",
@@ -82,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.nnodes not in ("1", "1:1") or a.node_rank != 0:
         raise SystemExit("tensorgrad.distributed.run: error: one machine only (--nnodes 1)")
-    n = (os.cpu_count() or 1) if a.nproc_per_node in ("auto", "cpu") else a.nproc_per_node
-    if not str(n).isdigit() or int(n) < 1:
+    n = rank_count(a.nproc_per_node)
+    if not os.path.isfile(a.script):
         raise SystemExit(
-            f"tensorgrad.distributed.run: error: --nproc_per_node {n!r}: a positive int"
+            f"tensorgrad.distributed.run: error: {a.script}: no such file (the script each "
+            "rank runs)"
         )
     cmd = [*find_mpiexec(), "-n", str(n), sys.executable, "-m", "tensorgrad.distributed.run"]
     return subprocess.call([*cmd, "--rank-entry", a.script, *a.script_args])

@@ -11,30 +11,34 @@ printed. ``CalmHandler`` checks, in this order:
   or a ``text/plain`` POST without asking anyone; an ``application/json`` one needs the
   server's consent (a CORS preflight), which this server never gives;
 - ``Content-Length`` is present (411), decimal (400) and at most ``MAX_BODY`` (413), and the
-  body arrives within the socket timeout (408);
+  body arrives in time (408): the whole request, headers and body, must arrive within
+  ``REQUEST_TIMEOUT`` of the connection (a client still sending headers then is dropped), so
+  that clients trickling a byte at a time cannot hold every connection;
 - the body is one JSON object (400) whose fields are known, a string prompt and whole,
   finite, non-negative numbers for the rest (400); the session then checks them against the
   model.
 
 ``CalmServer`` holds at most ``max_connections`` connections at once (the next one is answered
-503 and closed), gives each a socket timeout, and treats a client that hangs up or goes quiet
+503 and closed), gives each that deadline and a socket timeout for writing, and treats a client that hangs up or goes quiet
 as nothing worth printing.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import math
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 64 * 1024  # a prompt is cut to max_tokens anyway
 MAX_CONNECTIONS = 16
-REQUEST_TIMEOUT = 10.0  # seconds a client may stay silent before it is dropped
+REQUEST_TIMEOUT = 10.0  # seconds a client has to send its whole request (and for each write)
 LINGER = 2.0  # seconds to discard what a refused client still sends, so that it reads the answer
 MAX_INDEX = 1 << 20  # the largest block, head or position a request may name
 STEP_FIELDS = ("prompt", "layer", "head", "position")
@@ -165,6 +169,28 @@ def step_args(req: dict) -> dict:
     return {"prompt": prompt, **{k: index(k, req.get(k)) for k in STEP_FIELDS[1:]}}
 
 
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, each allowed only the time left until one deadline: a per-read
+    timeout alone lets a client that sends a byte every few seconds hold its connection."""
+
+    def __init__(self, sock: socket.socket, seconds: float):
+        self.sock, self.seconds = sock, seconds
+        self.deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the request did not arrive within {self.seconds:g} s")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv_into(buf)
+        finally:
+            self.sock.settimeout(self.seconds)  # writing the answer has the usual timeout
+
+
 class CalmHandler(BaseHTTPRequestHandler):
     """A request handler whose errors are one JSON line and whose log is silent.
 
@@ -173,6 +199,11 @@ class CalmHandler(BaseHTTPRequestHandler):
     """
 
     server_version = "gpt-explain"
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # the plain reader, replaced by one with the request's deadline
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self.server.request_timeout))
 
     def log_message(self, format, *args):
         pass  # one line per request would bury the URL printed at the start
@@ -265,7 +296,7 @@ class CalmServer(ThreadingHTTPServer):
 
     def get_request(self):
         sock, addr = super().get_request()
-        sock.settimeout(self.request_timeout)  # each read and write, headers and body alike
+        sock.settimeout(self.request_timeout)  # each write; reads share one deadline (setup)
         return sock, addr
 
     def process_request(self, request, client_address):
