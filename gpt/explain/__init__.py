@@ -1,7 +1,10 @@
 """gpt-explain: one training step of a GPT on one prompt, shown stage by stage, with evidence.
 
 report.py    explain(model, tokenizer, prompt): runs the step, returns a JSON-able report
-forward.py   the forward pass re-run stage by stage from the model's own modules
+record.py    the model's own forward, run as written and watched (forward hooks, op observer)
+stages.py    what it recorded, named as GPT-2's stages (an edit shows as what ran)
+where.py     the file and lines of each stage: found in the code, never written down
+arrays.py    small helpers: host copies, norms, the 2-D slice of a stage the pages draw
 checks.py    the evidence: float64 finite differences, the embedding's gradient split
 lens.py      inside the prediction: the logit lens and per-head ablation
 steps.py     Session and follow_steps: many steps on one prompt, chosen weights followed

@@ -18,7 +18,7 @@ import numpy as np
 
 import tensorgrad as tg
 
-from .forward import host, norm
+from .arrays import host, norm
 
 FD_STEP = 1e-5  # float64: rounding ~1e-16·L/h ≈ 1e-10, truncation ~h² ≈ 1e-10
 # float32 backward against float64 differences: agreement within 1e-3 of the value or 1e-3 of

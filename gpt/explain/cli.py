@@ -28,7 +28,15 @@ from .render.html import render_html
 from .render.plots import save_steps_png
 from .render.steps import render_steps_html, render_steps_text
 from .render.text import render_text
-from .report import DEFAULT_PROMPT, MAX_TOKENS, TOKEN_LIMIT, explain, prompt_ids, prompt_tokenizer
+from .report import (
+    DEFAULT_PROMPT,
+    MAX_TOKENS,
+    TOKEN_LIMIT,
+    cut_prompt,
+    explain,
+    prompt_ids,
+    prompt_tokenizer,
+)
 from .serve.calm import is_loopback
 from .serve.server import serve
 from .steps import follow_steps
@@ -47,7 +55,8 @@ def load(args):
             f"GPT-2 checkpoint {args.init_from}",
         )
     tok = prompt_tokenizer(args.prompt, args.tokenizer)
-    n = min(len(tok.encode(args.prompt)), args.max_tokens)  # the prompt is cut to max_tokens
+    # the prompt is cut to max_tokens
+    n = min(len(tok.encode(cut_prompt(args.prompt, args.tokenizer))), args.max_tokens)
     base = GPTConfig.from_preset(args.preset)
     cfg = GPTConfig.from_preset(
         args.preset, vocab_size=tok.vocab_size, block_size=max(base.block_size, n - 1)

@@ -10,23 +10,22 @@
 - ``after_step``: after the update, the same prompt again: the loss, the picked head's
   attention and the picked position's next-token probabilities, to set beside the step's own.
 
-All run without gradient on the model's own modules (``gpt.explain.forward``), dropout off.
+All run the model's own forward (its code as written: gpt.explain.record.as_written) without
+gradient, dropout off; hooks reach inside it (a block made to hand on its input, a head's slice
+zeroed), so an edit to the model's code shows here too.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 import tensorgrad as tg
-import tensorgrad.functional as F
-from tensorgrad import get_array_module
 
-from .forward import Recorder, block_forward, embed, forward, host, unembed
-
-
-def _loss(logits, targets) -> float:
-    B, T, V = logits.shape
-    return float(host(F.cross_entropy(logits.view(B * T, V), targets.reshape(-1))))
+from .arrays import host
+from .record import as_written, record
+from .stages import stages
 
 
 def _readout(logits, ids, decode, top_k):
@@ -50,36 +49,47 @@ def _readout(logits, ids, decode, top_k):
 
 def logit_lens(model, idx, targets, ids, decode, top_k: int = 3) -> dict:
     """Per read-out point ('embeddings', 'block 0', ...): the loss and, per position, the top
-    ``top_k`` tokens and p(target) of ln_f(x)·Eᵀ."""
-    T = idx.shape[1]
-    allowed = F.causal_mask(get_array_module(idx), T, T)
+    ``top_k`` tokens and p(target) of ln_f(x)·Eᵀ, x the residual stream there: the model's own
+    forward with every later block handing on its input unchanged (a forward hook)."""
     layers = []
-    with tg.no_grad():
-        x = embed(model, idx)
-        for i in range(-1, len(model.transformer.h)):
-            if i >= 0:
-                x = block_forward(model.transformer.h[i], i, x, allowed)[0]
-            logits = unembed(model, x)
-            layers.append(
-                {
-                    "after": "embeddings" if i < 0 else f"block {i}",
-                    "block": i,
-                    "loss": _loss(logits, targets),
-                    "positions": _readout(logits, ids, decode, top_k),
-                }
-            )
+    blocks = list(model.transformer.h)
+    for i in range(-1, len(blocks)):
+        with contextlib.ExitStack() as hooks:
+            for b in blocks[i + 1 :]:  # these blocks pass x through: the stream after block i
+                hooks.enter_context(b.register_forward_hook(lambda m, args, out: args[0]))
+            logits, loss = _forward(model, idx, targets)
+        layers.append(
+            {
+                "after": "embeddings" if i < 0 else f"block {i}",
+                "block": i,
+                "loss": float(host(loss)),
+                "positions": _readout(logits, ids, decode, top_k),
+            }
+        )
     return {"top_k": top_k, "layers": layers}
 
 
+def _forward(model, idx, targets):
+    with as_written(model), tg.no_grad():
+        return model(idx, targets)
+
+
 def ablated_loss(model, idx, targets, layer: int, head: int) -> float:
-    """The loss with head ``head`` of block ``layer`` zeroed before W_O."""
-    T = idx.shape[1]
-    allowed = F.causal_mask(get_array_module(idx), T, T)
-    with tg.no_grad():
-        x = embed(model, idx)
-        for i, block in enumerate(model.transformer.h):
-            x = block_forward(block, i, x, allowed, ablate=head if i == layer else None)[0]
-        return _loss(unembed(model, x), targets)
+    """The loss with head ``head`` of block ``layer`` zeroed before W_O: a pre-hook on its
+    c_proj multiplies that head's hs columns of the merged heads by 0."""
+    attn = model.transformer.h[layer].attn
+    C, nh = model.config.n_embd, model.config.n_head
+    hs = C // nh
+
+    def zero_head(module, args):
+        y = args[0]  # (B, T, C): the heads side by side
+        keep = np.ones(C, dtype=y.dtype)
+        keep[head * hs : (head + 1) * hs] = 0
+        return (y * tg.Tensor(tg.to_device(keep, tg.device_of(y.array))), *args[1:])
+
+    with attn.c_proj.register_forward_pre_hook(zero_head):
+        _, loss = _forward(model, idx, targets)
+    return float(host(loss))
 
 
 def head_ablation(model, idx, targets, loss: float) -> dict:
@@ -103,7 +113,8 @@ def after_step(model, idx, targets, layer: int, head: int, before: dict, decode)
     block ``layer``, and p(token) at the picked position for the tokens of ``before`` (a report's
     ``next_token``: its top tokens and the target) before and after the step."""
     with tg.no_grad():
-        logits, loss, atts, _ = forward(model, idx, targets, Recorder(), layer)
+        root, logits, loss = record(model, idx, targets)
+    att = stages(root, model, layer).atts[layer]
     t = before["position"]
     lg = host(logits)[0, t].astype(np.float64)  # (V,)
     p = np.exp(lg - lg.max())
@@ -112,7 +123,7 @@ def after_step(model, idx, targets, layer: int, head: int, before: dict, decode)
     was.setdefault(before["target_id"], before["target_prob"])
     return {
         "loss": float(host(loss)),
-        "attention": atts[layer][head].astype(float).tolist(),
+        "attention": att[head].astype(float).tolist(),
         "next_token": [
             {"id": i, "token": decode(i), "before": q, "after": float(p[i])} for i, q in was.items()
         ],

@@ -3,12 +3,14 @@
 ``explain(model, tokenizer, prompt)`` runs the step and returns a JSON-able report:
 
 1. the prompt's token ids and the (input, target) pairs: inputs tokens[:-1], targets tokens[1:];
-2. the forward pass, re-run stage by stage from the model's own modules (gpt.explain.forward):
-   embeddings, then for the chosen block every stage (ln_1, c_attn, q/k/v, heads, q·kᵀ/√hs,
-   causal mask, softmax, ·v, merged heads, W_O, residual, ln_2, MLP, residual), the other
-   blocks as one summary line each, then ln_f, the tied logits H·Eᵀ and the softmax; the loss
-   must match ``model(idx, targets)``; each stage keeps a few values at the position and a 2-D
-   slice of its tensor (``tensor``: batch 0, the first head shown, at most 16 × 16) to draw;
+2. the forward pass: the model's own forward, run as written and recorded with forward hooks
+   and an op observer (gpt.explain.record), its stages named (gpt.explain.stages): embeddings,
+   then for the chosen block every stage (ln_1, c_attn, q/k/v, heads, q·kᵀ/√hs, causal mask,
+   softmax, ·v, merged heads, W_O, residual, ln_2, MLP, residual), the other blocks as one
+   summary line each, then ln_f, the tied logits H·Eᵀ and the softmax; an edit to the model's
+   code shows here as what ran. The loss is the model's; each stage keeps the statement that
+   computed it (``where``), a few values at the position and a 2-D slice of its tensor
+   (``tensor``: batch 0, the first head shown, at most 16 × 16) to draw;
 3. the attention matrix of every head, the top-k next tokens, the loss and its per-position terms;
 4. inside the prediction (gpt.explain.lens): the logit lens after every block and the Δloss of
    zeroing each head;
@@ -45,7 +47,8 @@ from tensorgrad import device_of, to_device
 
 from ..diagnostics import OK, grad_status
 from ..model import GPT
-from ..tokenizer import BPETokenizer, CharTokenizer
+from ..tokenizer import BPETokenizer, CharTokenizer, gpt2_split_pattern
+from .arrays import host, norm, num, rms, tensor_slice
 from .checks import (
     embedding_split,
     finite_differences,
@@ -53,14 +56,17 @@ from .checks import (
     loss64,
     loss_change,
 )
-from .forward import Recorder, forward, host, norm, num, rms, tensor_slice
 from .lens import after_step, head_ablation, logit_lens
+from .record import record
+from .stages import probabilities, stages
 
 DEFAULT_PROMPT = "The capital of France is Paris"
 N_VALUES = 4  # how many features of a vector the report shows
 MAX_TOKENS = 64  # default cut of the prompt: a char-level 5,000-character prompt stays small
 TOKEN_LIMIT = 256  # the largest --max-tokens accepted: the HTML page grows as T²
 MAX_MAP_CELLS = 1 << 15  # attention cells kept for the every-block, every-head maps
+MAX_PROMPT_BYTES = 2048  # of a prompt's beginning that is tokenized (257 English words fit)
+MAX_PIECE_BYTES = 256  # a longer word ends the prompt: BPE's cost grows as a word's length²
 
 
 def _sample(a: np.ndarray, axes, position: int, head: int):
@@ -82,11 +88,44 @@ def _sample(a: np.ndarray, axes, position: int, head: int):
     return "[" + ", ".join(w for _, w in picks) + "]", [num(v) for v in vals]
 
 
+def cut_prompt(prompt: str, kind: str = "bpe") -> str:
+    """The beginning of the prompt that holds its first TOKEN_LIMIT tokens, so that learning a
+    BPE from it and encoding it take bounded time (both grow as the square of a word's length).
+
+    'char': TOKEN_LIMIT + 1 characters. Otherwise (a byte-level BPE, which never merges across
+    GPT-2's pieces: words, numbers, runs of symbols or of spaces): the first TOKEN_LIMIT + 1
+    pieces, whose first TOKEN_LIMIT tokenize as in the whole prompt, and at most
+    MAX_PROMPT_BYTES bytes; a piece longer than MAX_PIECE_BYTES ends the text inside it.
+    A prompt within these bounds comes back whole.
+    """
+    if kind == "char":
+        return prompt[: TOKEN_LIMIT + 1]
+    used = 0
+    # chars <= bytes: the first MAX_PROMPT_BYTES + 1 characters reach past the byte bound
+    for i, m in enumerate(gpt2_split_pattern().finditer(prompt, 0, MAX_PROMPT_BYTES + 1)):
+        if i > TOKEN_LIMIT:
+            return prompt[: m.start()]
+        room = min(MAX_PIECE_BYTES, MAX_PROMPT_BYTES - used)
+        size = len(m.group().encode("utf-8", "surrogatepass"))
+        if size > room:
+            n = 0  # the piece's whole characters that fit in room
+            for ch in m.group():
+                room -= len(ch.encode("utf-8", "surrogatepass"))
+                if room < 0:
+                    break
+                n += 1
+            return prompt[: m.start() + n]
+        used += size
+    return prompt
+
+
 def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TOKENS):
-    """(ids, notes): the prompt's token ids cut to max_tokens and to block_size + 1."""
+    """(ids, notes): the prompt's token ids cut to max_tokens and to block_size + 1 (only the
+    beginning ``cut_prompt`` keeps is tokenized)."""
     if not 2 <= max_tokens <= TOKEN_LIMIT:
         raise ValueError(f"max_tokens must be in 2..{TOKEN_LIMIT}, got {max_tokens}")
-    ids = [int(i) for i in tokenizer.encode(prompt)]
+    text = cut_prompt(prompt, getattr(tokenizer, "kind", "bpe"))
+    ids = [int(i) for i in tokenizer.encode(text)]
     if len(ids) < 2:
         raise ValueError(
             f"the prompt {prompt[:40]!r} is {len(ids)} token(s); a training step "
@@ -94,10 +133,17 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
         )
     limit = min(max_tokens, block_size + 1)
     notes = []
+    read = f"; only its first {len(text):,} characters were tokenized" if text != prompt else ""
     if len(ids) > limit:
         why = "max_tokens" if limit == max_tokens else "block_size + 1"
-        notes.append(f"the prompt's {len(ids)} tokens were cut to the first {limit} ({why})")
+        count = "" if read else f"{len(ids)} "
+        notes.append(f"the prompt's {count}tokens were cut to the first {limit} ({why}){read}")
         ids = ids[:limit]
+    elif read:
+        notes.append(
+            f"the prompt was cut inside a word over {MAX_PIECE_BYTES} bytes or at "
+            f"{MAX_PROMPT_BYTES} bytes{read}"
+        )
     return ids, notes
 
 
@@ -183,8 +229,9 @@ def explain(
         with tg.no_grad():
             _, check = model(idx, targets)
         model.zero_grad()
-        rec = Recorder()
-        logits, loss, atts, blocks = forward(model, idx, targets, rec, layer)
+        root, logits, loss = record(model, idx, targets)  # the model's forward, watched
+        rec = stages(root, model, layer)
+        probabilities(rec, logits)
         loss.backward()
         report = _forward_report(
             tokenizer,
@@ -192,8 +239,8 @@ def explain(
             rec,
             logits,
             loss,
-            atts,
-            blocks,
+            rec.atts,
+            rec.blocks,
             layer,
             heads,
             position,
@@ -290,7 +337,8 @@ def _forward_report(
         for t in range(T)
     ]
     allowed = np.tril(np.ones((T, T), dtype=bool))
-    sc = host(rec.tensors.get(f"h{layer}.scores"))[0]
+    shown = rec.tensors.get(f"h{layer}.scores", rec.tensors.get(f"h{layer}.masked"))
+    sc = host(shown)[0] if shown is not None else np.full(atts[layer].shape, np.nan)
     attention = {
         "layer": layer,
         "heads": [
@@ -340,6 +388,7 @@ def _forward_report(
             "terms": terms,
             "mean_of_terms": float(np.mean([t["loss"] for t in terms])),
             "model_forward": model_loss,
+            "where": rec.loss_where,
         },
     }
 
@@ -573,8 +622,9 @@ def _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_pre
 
 # ----------------------------------------------------------------------------- tokenizer, CLI
 def prompt_tokenizer(prompt: str, kind: str = "bpe"):
-    """A tokenizer learned from the prompt alone: byte-level BPE merged until every word is one
-    token ('bpe'), or one token per character ('char')."""
+    """A tokenizer learned from the prompt alone (the beginning ``cut_prompt`` keeps): byte-level
+    BPE merged until every word is one token ('bpe'), or one token per character ('char')."""
+    prompt = cut_prompt(prompt, kind)  # what prompt_ids will tokenize
     if kind == "char":
         return CharTokenizer.train(prompt)
     # 256 bytes + at most one merge per byte + <|endoftext|>: BPE stops when pairs run out

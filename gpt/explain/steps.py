@@ -20,7 +20,7 @@ import numpy as np
 import tensorgrad as tg
 from tensorgrad import device_of, to_device
 
-from .forward import host
+from .arrays import host
 from .report import MAX_TOKENS, explain, prompt_ids
 
 STEPS_LIMIT = 1000  # the most steps --steps takes: the history stays a few hundred kB

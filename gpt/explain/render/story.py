@@ -2,8 +2,8 @@
 
 ``render_story(report)`` draws the forward stages top to bottom (formula, shape, the picked
 position's values), each opening to its tensor as a heat map (a 2-D slice: batch 0, the picked
-head, axes titled, a colour scale) and to the file and lines that compute it
-(gpt.explain.where). Beside each stage, the gradient norm arriving there in the backward pass;
+head, axes titled, a colour scale) and to the statement of the model's code that computed it
+(the report's ``where``, found as the forward ran) and the op's own class. Beside each stage, the gradient norm arriving there in the backward pass;
 under the loss, the backward pass reaching the weights (W_Q, W_K, W_V, W_O of the picked head,
 the tied embedding's two parts), AdamW on the followed weights, the evidence (finite
 differences, predicted against measured loss change) and the step's effect (attention and
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ..forward import SLICE_ROWS
+from ..arrays import SLICE_ROWS
 from ..where import where
 from .fmt import fmt_g, fmt_shape, fmt_token, fmt_value
 from .svg import escape, matrix_map
@@ -82,12 +82,24 @@ def _num(x, fmt=".4g", cls: str = "") -> str:
     return f'<span class="{cls}" data-value="{value}">{escape(shown)}</span>'
 
 
-def _where_html(places) -> str:
+def _where_html(places, label: str = "computed in") -> str:
     return "".join(
-        f'<div class="where">computed in <code>{escape(f)}:{a}'
+        f'<div class="where">{label} <code>{escape(f)}:{a}'
         + (f"-{b}" if b != a else "")
         + f"</code>: <code>{escape(code)}</code></div>"
         for f, a, b, code in places
+    )
+
+
+def _stage_where(st) -> str:
+    """The statement of the model's code that computed the stage, the classes of its ops (the
+    formula and its backward), and the ops as they ran (a kernel's name when one did)."""
+    places = st.get("where") or []
+    ran = st.get("ops") or []
+    return (
+        _where_html(places[:1])
+        + _where_html(places[1:], "the op, forward and backward:")
+        + (f'<div class="where">ran: <code>{escape(", ".join(ran))}</code></div>' if ran else "")
     )
 
 
@@ -139,7 +151,7 @@ def _stage_li(r, st, lo, hi, extra: str = "") -> str:
         f'<span class="vals"><span class="shape">{escape(fmt_shape(st["shape"], st["axes"]))}'
         f"</span>{at} {vals}</span>"
         f'</summary><div class="inside">{_tensor_map(r, st)}{extra}'
-        f"{_where_html(where(key))}</div></details></li>"
+        f"{_stage_where(st)}</div></details></li>"
     )
 
 
@@ -212,6 +224,7 @@ def _diagram(r) -> str:
         "at": "",
         "values": [lo_["value"]],
         "grad_norm": 1.0,
+        "where": lo_.get("where") or [],
     }
     out += [_stage_li(r, loss, lo, hi), "</ol>"]
     return "".join(out)

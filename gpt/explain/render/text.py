@@ -88,6 +88,9 @@ def render_text(r: dict, full: bool = True) -> str:
         vals = " ".join(fmt_value(v) for v in st["values"][: T if "T" in st["axes"][-1:] else 4])
         out.append(f"{st['name']:<19} {st['formula']}")
         out.append(f"    {shape:<24} {st['at']:<14} {vals}   ‖∂L/∂·‖ {fmt_g(st['grad_norm'])}")
+        for file, first, last, code in (st.get("where") or [])[:1]:  # the model's statement
+            lines = f"{first}-{last}" if last != first else f"{first}"
+            out.append(f"    computed in {file}:{lines}: {code}")
     out += _attention_text(r, labels, full)
     nt = r["next_token"]
     out += [
