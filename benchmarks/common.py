@@ -17,7 +17,8 @@ import statistics
 import time
 
 # name -> (n_layer, n_head, n_embd, T, B, vocab_size)
-SHAPES = {
+SHAPES = {  # (n_layer, n_head, n_embd, T, B, vocab)
+    "gpt-nano": (3, 3, 48, 6, 64, 10),  # minGPT's adder: per-op Python is the whole cost
     "char-small": (4, 4, 128, 64, 12, 65),
     "baby": (6, 6, 384, 256, 8, 65),
     "gpt2-124M": (12, 12, 768, 256, 2, 50304),

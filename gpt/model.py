@@ -6,10 +6,8 @@ size, V vocabulary, S keys (T plus cached positions when generating).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
-import warnings
 
 import numpy as np
 
@@ -70,7 +68,7 @@ class CausalSelfAttention(nn.Module):
         else:
             S = k.shape[2]
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            allowed = mask if mask is not None else F.causal_mask(get_array_module(x.array), T, S)
+            allowed = mask if mask is not None else F.causal_mask(get_array_module(x), T, S)
             att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))
             att = F.softmax(att, dim=-1)
             att = self.attn_dropout(att)
@@ -102,8 +100,6 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, mask=None, cache=None, layer=0):
-        if mask is None and cache is None and fusable(self) and fused_matches_code(self, x):
-            return fused_block(self, x)  # the same math as one op (see fused_block below)
         x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
@@ -255,12 +251,10 @@ class GPT(nn.Module):
         logits = F.linear(x, self.unembedding)  # (B, T, V) = H·Eᵀ
         if targets is None:
             return logits, None
-        t = as_array(targets)
-        if t.shape != (B, T):
-            raise ValueError(f"targets must have shape {(B, T)}, got {tuple(t.shape)}")
-        loss = F.cross_entropy(
-            logits.view(B * T, -1), t.reshape(-1).astype(np.int64), ignore_index=-1
-        )
+        targets = tg.as_tensor(targets)  # shares the array: tensor ops from here on
+        if tuple(targets.shape) != (B, T):
+            raise ValueError(f"targets must have shape {(B, T)}, got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1).long(), ignore_index=-1)
         return logits, loss
 
     def set_fused_attention(self, fused: bool) -> None:
@@ -437,7 +431,9 @@ def sample_next(logits: np.ndarray, temperature: float, top_k, top_p, gen) -> np
         order = np.argsort(-probs, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(probs, order, axis=-1)
         # drop a token when the tokens ranked above it already reach top_p
-        drop_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p >= top_p
+        # (less a rounding margin: the normalising sum rounds with the vocabulary's order, and
+        # the boundary must not: probs [.5, .3, .2] with top_p .8 keep two in every order)
+        drop_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p >= top_p - 1e-12
         drop = np.zeros_like(drop_sorted)
         np.put_along_axis(drop, order, drop_sorted, axis=-1)
         probs = np.where(drop, 0.0, probs)
@@ -445,115 +441,3 @@ def sample_next(logits: np.ndarray, temperature: float, top_k, top_p, gen) -> np
     u = gen.random(probs.shape[0])
     cdf = np.cumsum(probs, axis=-1)
     return np.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1), V - 1)
-
-
-# ---------------------------------------------------------------------- the block as one op
-
-
-def fusable(block: Block) -> bool:
-    """Whether block.forward may run as F.gpt2_block: the block's own modules (not subclasses
-    or replacements such as adapters), the flash attention path, no dropout in effect, and
-    no forward hooks or patched forward methods on them (they would not be called)."""
-    a, m = block.attn, block.mlp
-    linears = (a.c_attn, a.c_proj, m.c_fc, m.c_proj)
-    return (
-        not _checking
-        and type(a) is CausalSelfAttention
-        and type(m) is MLP
-        and type(block.ln_1) is type(block.ln_2) is nn.LayerNorm
-        and type(m.gelu) is nn.GELU
-        and all(type(lin) is nn.Linear for lin in linears)
-        and a.fused
-        and (a.dropout == 0.0 or not block.training)
-        and not any(sub.has_forward_hooks() or "forward" in vars(sub) for sub in block.modules())
-    )
-
-
-def fused_block(block: Block, x):
-    """x + attn(ln_1(x)), then + mlp(ln_2(x)), causal, as F.gpt2_block: one graph node, a
-    fused kernel on the CPU for float32 (tensorgrad's reference composition elsewhere)."""
-    a, m = block.attn, block.mlp
-    params = [block.ln_1.weight, block.ln_1.bias, a.c_attn.weight, a.c_attn.bias]
-    params += [a.c_proj.weight, a.c_proj.bias, block.ln_2.weight, block.ln_2.bias]
-    params += [m.c_fc.weight, m.c_fc.bias, m.c_proj.weight, m.c_proj.bias]  # GPT2_BLOCK_PARAMS
-    return F.gpt2_block(x, params, a.n_head, block.ln_1.eps, m.gelu.approximate)
-
-
-# ------------------------------------------------------- the fused op must compute the code
-# F.gpt2_block states the stock block once more, so an edit to MLP.forward (ReLU for GELU) or
-# to the attention would not reach it. Before the fused op stands in for a block, it is checked
-# against the code as written: once per code and configuration (the forward methods of every
-# module class in the block, the block's settings, dtype and device), the block is copied to
-# float64 and a small random input is run through both, the outputs and the gradients of the
-# input and of every parameter compared. Where they differ the code as written runs, and one
-# line (FUSION_NOTES, a warning) says so.
-
-_checking = False  # True while the probe runs the code as written (fusable() says no)
-_fusion_checked: dict = {}  # code signature -> whether the fused op computes that code
-FUSION_NOTES: list[str] = []  # one line per code that runs as written instead (gpt-train prints)
-
-
-class UnfusedBlockWarning(UserWarning):
-    """A block's code differs from the fused GPT-2 block, so it runs op by op as written."""
-
-
-def fused_matches_code(block: Block, x) -> bool:
-    """Whether F.gpt2_block computes what ``block``'s code computes (checked once per code)."""
-    key = _code_signature(block, x)
-    ok = _fusion_checked.get(key)
-    if ok is None:
-        ok = _fusion_checked[key] = _fused_equals_written(block, x)
-        if not ok:
-            note = (
-                f"{type(block).__name__}: the model's code differs from the fused GPT-2 block "
-                "(an edit to model.py?), so it runs as written, op by op"
-            )
-            if note not in FUSION_NOTES:
-                FUSION_NOTES.append(note)
-                warnings.warn(note, UnfusedBlockWarning, stacklevel=3)
-    return ok
-
-
-def _code_signature(block: Block, x) -> tuple:
-    code = tuple(
-        (name, type(m), getattr(type(m), "forward", None)) for name, m in block.named_modules()
-    )
-    params = tuple((name, p.shape) for name, p in block.named_parameters())
-    a, m = block.attn, block.mlp
-    settings = (a.n_head, block.ln_1.eps, block.ln_2.eps, m.gelu.approximate, block.training)
-    return code, params, settings, x.dtype, _dev(get_array_module(x.array))
-
-
-def _fused_equals_written(block: Block, x) -> bool:
-    """Run a float64 copy of the block on a small random input both ways; compare the outputs
-    and every gradient (input and parameters) to float64 precision."""
-    global _checking
-    probe = copy.deepcopy(block).double()
-    B, T, C = min(x.shape[0], 2), min(x.shape[1], 8), x.shape[2]
-    g = np.random.default_rng(0)  # not tensorgrad's generator: training's draws stay the same
-    xp = get_array_module(x.array)
-    x64 = xp.asarray(g.standard_normal((B, T, C)))
-    seed = tg.Tensor(xp.asarray(g.standard_normal((B, T, C))))
-    params = [p for p in probe.parameters() if p.requires_grad]
-    runs = []
-    try:
-        for fused in (False, True):
-            xt = tg.Tensor(x64.copy(), requires_grad=True)
-            _checking = not fused
-            with tg.enable_grad():
-                out = fused_block(probe, xt) if fused else probe(xt)
-                grads = tg.autograd.grad(out, [xt, *params], seed, allow_unused=True)
-            runs.append([out] + list(grads))
-    except Exception:  # the code as written will raise it again, where the user sees it
-        return False
-    finally:
-        _checking = False
-    for a, b in zip(*runs):
-        if (a is None) != (b is None):
-            return False
-        if a is not None and (
-            a.shape != b.shape
-            or not np.allclose(to_numpy(a.array), to_numpy(b.array), rtol=1e-7, atol=1e-9)
-        ):
-            return False
-    return True

@@ -26,7 +26,7 @@ from .backend import (
     tune_cpu_malloc,
 )
 from .backend import rng as generator
-from .eager import compile  # noqa: A004  (torch.compile: returns the model)
+from .compiler import compile  # noqa: A004  (torch.compile)
 from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
 from .factory import (
     Generator,

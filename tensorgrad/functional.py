@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels
-from .autograd import is_grad_enabled
-from .backend import device_of, get_array_module
+from .autograd import is_grad_enabled, no_grad
+from .backend import get_array_module
 from .factory import where
 from .ops.dims import wrap_dim
 from .ops.linalg import Linear
@@ -36,14 +35,13 @@ __all__ = [
     "log_softmax",
     "cross_entropy",
     "layer_norm",
+    "batch_norm",
     "gelu",
     "relu",
     "dropout",
     "linear",
     "embedding",
     "scaled_dot_product_attention",
-    "gpt2_block",
-    "gpt2_block_reference",
     "causal_mask",
     "erf",
     "silu",
@@ -153,6 +151,46 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     return LayerNorm.apply(x, weight, bias, nd=len(ns), eps=eps)
 
 
+def batch_norm(
+    x: Tensor,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias per channel (dim 1), over every other dim.
+
+    training: the batch's mean and biased variance, and the running statistics (when given)
+    updated in place, ``(1 - momentum)·running + momentum·batch`` with the unbiased variance;
+    else the running statistics. Composed of Tensor ops, which give its gradient."""
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: expected an input of (N, C, ...), got {tuple(x.shape)}")
+    dims = (0, *range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)  # statistics broadcast along the channels
+    if training:
+        n = x.numel() // x.shape[1]
+        if n <= 1:
+            raise ValueError(
+                "Expected more than 1 value per channel when training, got input size "
+                f"{tuple(x.shape)}"
+            )
+        mean, var = x.mean(dims), x.var(dims, unbiased=False)
+        with no_grad():
+            if running_mean is not None:
+                running_mean.mul_(1 - momentum).add_(mean * momentum)
+            if running_var is not None:
+                running_var.mul_(1 - momentum).add_(var * (momentum * n / (n - 1)))
+    else:
+        mean, var = running_mean, running_var
+    y = (x - mean.view(shape)) / (var.view(shape) + eps).sqrt()
+    if weight is not None:
+        y = y * weight.view(shape)
+    return y if bias is None else y + bias.view(shape)
+
+
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU: exact x·Φ(x) ('none') or the tanh approximation used by GPT-2 ('tanh')."""
     if approximate not in ("none", "tanh"):
@@ -211,60 +249,6 @@ def scaled_dot_product_attention(
     # a float mask tensor stays a tensor: it may require grad (relative-position biases)
     m = attn_mask if attn_mask is None or isinstance(attn_mask, Tensor) else as_array(attn_mask)
     return Attention.apply(q, k, v, m, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-
-
-# ----------------------------------------------------------------------------- GPT-2 block
-
-GPT2_BLOCK_PARAMS = (
-    "ln_1.weight",
-    "ln_1.bias",
-    "attn.c_attn.weight",
-    "attn.c_attn.bias",
-    "attn.c_proj.weight",
-    "attn.c_proj.bias",
-    "ln_2.weight",
-    "ln_2.bias",
-    "mlp.c_fc.weight",
-    "mlp.c_fc.bias",
-    "mlp.c_proj.weight",
-    "mlp.c_proj.bias",
-)
-
-
-def gpt2_block(x: Tensor, params, n_head: int, eps: float = 1e-5, approximate: str = "tanh"):
-    """One pre-LayerNorm GPT-2 block, x + attn(ln_1(x)) then + mlp(ln_2(x)), causal, no
-    dropout; ``params`` are its 12 tensors in the order of ``GPT2_BLOCK_PARAMS`` (biases may
-    be None). The reference is :func:`gpt2_block_reference`, the composition of the ops
-    above; a kernel registered for op 'gpt2_block' (the fused CPU block) runs instead where
-    its predicate accepts the arrays, as one graph node."""
-    params = tuple(params)
-    if len(params) != len(GPT2_BLOCK_PARAMS):
-        raise ValueError(f"gpt2_block: expected {len(GPT2_BLOCK_PARAMS)} params, got {len(params)}")
-    if x.ndim != 3 or x.shape[2] % n_head:
-        raise ValueError(f"gpt2_block: x must be (B, T, C) with C divisible by n_head={n_head}")
-    kw = {"n_head": n_head, "eps": eps, "approximate": approximate}
-    arrays = [x.array] + [None if p is None else p.array for p in params]
-    impl = kernels.pick("gpt2_block", device_of(x.array), *arrays, **kw)
-    if impl is None:
-        return gpt2_block_reference(x, params, **kw)
-    return impl.apply(x, *params, **kw)
-
-
-def gpt2_block_reference(x: Tensor, params, n_head: int, eps: float = 1e-5, approximate="tanh"):
-    """gpt2_block as the composition of layer_norm, linear, attention and gelu (the math
-    of gpt.model.Block)."""
-    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_w, mlp_b = params
-    B, T, C = x.shape
-    nh, hs = n_head, C // n_head
-    q, k, v = linear(layer_norm(x, C, ln1_w, ln1_b, eps), attn_w, attn_b).split(C, dim=2)
-    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    y = scaled_dot_product_attention(q, k, v, is_causal=True)
-    y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-    x = x + linear(y, proj_w, proj_b)
-    h = gelu(linear(layer_norm(x, C, ln2_w, ln2_b, eps), fc_w, fc_b), approximate)
-    return x + linear(h, mlp_w, mlp_b)
 
 
 # ----------------------------------------------------------------------------- composed

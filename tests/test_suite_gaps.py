@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
 from gpt import train
 from gpt.config import GPTConfig
 from gpt.model import GPT, sample_next
 from gpt.store import run_checkpoint as rc
+from tensorgrad.kernels.cpu_gpt2_block import GPT2_BLOCK_PARAMS
 from tensorgrad.nn import Parameter
 from tensorgrad.nn.utils import clip_grad_norm_
 
@@ -180,7 +180,7 @@ def block_arrays(C, seed=0):
     shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
     shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
     params = []
-    for name, s in zip(F.GPT2_BLOCK_PARAMS, shapes):
+    for name, s in zip(GPT2_BLOCK_PARAMS, shapes):
         a = r.standard_normal(s) * (0.3 if len(s) == 2 else 0.2)
         params.append(a + (1.0 if name.startswith("ln_") and name.endswith("weight") else 0.0))
     return [p.astype(np.float32) for p in params]
@@ -213,9 +213,12 @@ def block_by_hand(x, params, n_head, eps):
     return x + h @ mw.T + mb
 
 
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no fused block")
 def test_gpt2_block_honours_a_non_default_eps():
-    """F.gpt2_block (the fused CPU kernel for float32) against the block written by hand in
-    float64, with eps = 0.1: output and all 13 gradients."""
+    """The fused GPT-2 block kernel (float32) against the block written by hand in float64,
+    with eps = 0.1: output and all 13 gradients."""
+    pytest.importorskip("numba")
+    (kernel,) = tg.kernels.registered("gpt2_block", "cpu")
     B, T, C, nh = 2, 7, 16, 2
     params = block_arrays(C)
     x = np.random.default_rng(1).standard_normal((B, T, C)).astype(np.float32)
@@ -224,12 +227,12 @@ def test_gpt2_block_honours_a_non_default_eps():
     for dtype in (np.float32, np.float64):
         ts = [tg.tensor(a.astype(dtype), dtype=dtype, requires_grad=True) for a in [x, *params]]
         if dtype == np.float32:
-            out = F.gpt2_block(ts[0], ts[1:], nh, eps=EPS)
+            out = kernel.impl.apply(ts[0], *ts[1:], n_head=nh, eps=EPS)
         else:
             out = block_by_hand(ts[0], ts[1:], nh, EPS)
         (out * tg.tensor(w.astype(dtype), dtype=dtype)).sum().backward()
         runs.append([out.array] + [t.grad.array for t in ts])
-    names = ["output", "x", *F.GPT2_BLOCK_PARAMS]
+    names = ["output", "x", *GPT2_BLOCK_PARAMS]
     for name, got, want in zip(names, *runs):
         scale = float(np.abs(want).max())
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale, err_msg=name)
@@ -241,7 +244,7 @@ def gpt_by_hand(params: dict, idx, targets, config):
     x = params["transformer.wte.weight"][idx] + params["transformer.wpe.weight"][np.arange(T)]
     for i in range(config.n_layer):
         pre = f"transformer.h.{i}."
-        block = [params[pre + n] for n in F.GPT2_BLOCK_PARAMS]
+        block = [params[pre + n] for n in GPT2_BLOCK_PARAMS]
         x = block_by_hand(x, block, config.n_head, config.layer_norm_eps)
     x = layer_norm(
         x, params["transformer.ln_f.weight"], params["transformer.ln_f.bias"], config.layer_norm_eps
@@ -269,8 +272,11 @@ def test_gpt_training_step_honours_layer_norm_eps():
     model.train()
     idx = r.integers(0, config.vocab_size, (2, 8))
     targets = r.integers(0, config.vocab_size, (2, 8))
-    _, loss = model(idx, targets)
-    loss.backward()
+    tg.compile(model)  # as gpt-train: the third call replays, with the fused block kernel
+    for _ in range(3):
+        model.zero_grad()
+        _, loss = model(idx, targets)
+        loss.backward()
     named = dict(model.named_parameters())
     ref = {n: tg.tensor(p.array.astype(np.float64), requires_grad=True) for n, p in named.items()}
     want = gpt_by_hand(ref, idx, targets, config)

@@ -123,6 +123,12 @@ class TrainConfig:
         "state stay float32 (the CPU always uses float32)",
         choices=tuple(DTYPES),
     )
+    compile: bool = opt(
+        True,
+        "evaluation and output",
+        "trace the model's forward and replay it (tensorgrad.compile, as nanoGPT's --compile; "
+        "default on); --no-compile runs every op eagerly",
+    )
     diagnose: bool = opt(
         False,
         "evaluation and output",

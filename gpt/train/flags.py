@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         show = m["show"] and f.default is not None
         help = m["help"] + (f" (default {f.default})" if show else "")
         flag = "--" + f.name.replace("_", "-")
-        if kind(f) is bool:
+        if kind(f) is bool and f.default:  # on by default: --flag / --no-flag
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, help=m["help"])
+        elif kind(f) is bool:
             g.add_argument(flag, action="store_true", help=help)
         else:
             g.add_argument(

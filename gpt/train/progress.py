@@ -7,8 +7,9 @@ import sys
 import warnings
 from pathlib import Path
 
+from tensorgrad.compiler import CompileWarning, compiled_forward
+
 from .. import diagnostics as diag
-from .. import model as gpt_model
 from ..store.checkpoint import atomic_write_bytes
 from .state import jsonable
 
@@ -55,8 +56,8 @@ class Progress:
         from tqdm import tqdm
 
         self.r, self.warned_plot, self.first = r, False, True
-        # a block whose code differs from the fused op is said once, as a line above the bar
-        warnings.filterwarnings("ignore", category=gpt_model.UnfusedBlockWarning)
+        warnings.filterwarnings("ignore", category=CompileWarning)  # said by compiled() below
+        self.compile_said = compiled_forward(getattr(r, "model", None)) is None
         self.bar = tqdm(
             total=r.c.max_iters,
             initial=r.state.iter,
@@ -73,8 +74,6 @@ class Progress:
     def step(self, loss: float, lr: float, tokens_per_s: float, dt: float) -> None:
         if self.first:  # this process's first step: compiles kernels, warms caches
             self.first = False
-            for note in gpt_model.FUSION_NOTES:
-                self.write(note)
             if dt > SLOW_FIRST_STEP_S:
                 self.write(
                     f"first step took {dt:.1f} s: the compiled CPU kernels are built once and "
@@ -83,10 +82,29 @@ class Progress:
                     else f"first step took {dt:.1f} s (warming up)"
                 )
             self.bar.unpause()  # the rate and ETA count from after the first step
+        if not self.compile_said:
+            self.compiled()
         self.bar.update(1)
         self.bar.set_postfix(
             loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False
         )
+
+    def compiled(self) -> None:
+        """Once the model's forward has compiled (its second training step), say what."""
+        s = compiled_forward(self.r.model).summary()
+        if not (s["compiled"] or s["eager"]):
+            return
+        self.compile_said = True
+        if s["compiled"]:
+            fused = s["fused"][-1]
+            self.write(
+                f"compiled: the model's forward replays {s['ops'][-1]} ops as one graph node "
+                f"({s['kernels'][-1]} of them kernels"
+                + (f", {fused} runs fused into generated kernels" if fused else "")
+                + f"); traced in {s['trace_s']:.1f} s"
+            )
+        for reason in s["eager"]:
+            self.write(f"not compiled: the model's forward runs eagerly: {reason}")
 
     def plot(self) -> None:
         """Redraw loss.png (rank 0), or say once how to get it without matplotlib."""

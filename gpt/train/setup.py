@@ -189,6 +189,8 @@ def setup(c: TrainConfig, ckpt: dict | None, control: dict, ddp) -> TrainRun | N
     data_dir, meta, tok = _data(c, ckpt, ddp)
     model = _model(c, ckpt, tok, meta)
     model.to(c.device)
+    if c.compile:
+        tg.compile(model)  # traced at the first steps, replayed after (progress says what)
     set_matmul_precision(DTYPES[c.dtype])
     optimizer = model.configure_optimizers(c.weight_decay, c.lr, (c.beta1, c.beta2))
     T = model.config.block_size

@@ -1,8 +1,10 @@
 """The fused GPT-2 block on the CPU, forward and backward, as one graph node (llm.c's layout).
 
-``tensorgrad.functional.gpt2_block`` runs this kernel for float32 NumPy inputs with every
-parameter present and the tanh GELU; its reference is the composition of layer_norm,
-linear, attention and gelu (``gpt2_block_reference``), which runs everywhere else. Per block:
+No model calls it: ``tensorgrad.compile`` emits it where the traced graph of a forward holds
+the pre-LayerNorm GPT-2 block's ops, as ``gpt/model.py``'s ``Block`` computes them
+(``compiler/patterns.py``: LayerNorm, the qkv projection, heads, causal attention, the
+projection and residual, LayerNorm, the MLP with the tanh GELU, the residual), for float32
+NumPy inputs with every parameter present. Per block:
 
     forward:  h1 = LN1(x)                        numba, one pass (keeps mean, 1/std)
               qkv = h1·Waᵀ + ba                  BLAS GEMM, bias added in place
@@ -16,9 +18,10 @@ linear, attention and gelu (``gpt2_block_reference``), which runs everywhere els
 The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
 probabilities recomputed in backward from the logsumexp), on (B, nh, T, hs) views of the
 (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
-with a leading dimension. Saves the inputs (for a create_graph replay) and, as its own
-state, h1, qkv, y, x1, h2, f, GELU(f) and the row statistics, as llm.c does.
-Under ``create_graph`` the backward replays the reference composition and differentiates it.
+with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f,
+GELU(f) and the row statistics, as llm.c does. Under ``create_graph`` the compiled graph
+differentiates the traced ops instead (``compiler/replay.py``), so this backward is only
+ever first order. tests/test_kernels_block.py checks it against the ops one by one.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ import math
 
 import numpy as np
 
-from ..autograd import Op, enable_grad, grad
-from ..functional import GPT2_BLOCK_PARAMS, gpt2_block_reference
+from ..autograd import Op
 from ..tensor import Tensor
 from . import register
 from .cpu_numba import numpy_array, threads_for
@@ -44,6 +46,12 @@ from .cpu_numba_block import (
 
 F32 = np.float32
 PARTS = 16  # row blocks of the column sums (fixed: the same sums on any thread count)
+# the inputs after x, in order: the block's parameters under gpt.model.Block's names
+GPT2_BLOCK_PARAMS = (
+    *("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"),
+    *("attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias"),
+    *("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"),
+)
 
 
 def _when(x, *params, n_head, eps=1e-5, approximate="tanh"):
@@ -108,7 +116,7 @@ def _sums(parts):
 
 @register("gpt2_block", "cpu", name="cpu.numba.gpt2_block", when=_when)
 class NumbaGPT2Block(Op):
-    """The whole GPT-2 block (tensorgrad.functional.gpt2_block) for float32 on the CPU."""
+    """The whole GPT-2 block for float32 on the CPU: inputs x and GPT2_BLOCK_PARAMS."""
 
     def forward(self, x, *params, n_head, eps=1e-5, approximate="tanh"):
         with threads_for(x.size):
@@ -141,8 +149,11 @@ class NumbaGPT2Block(Op):
         return out.reshape(B, T, C)
 
     def backward(self, g):
-        if isinstance(g, Tensor):  # create_graph: differentiate the reference instead
-            return self.replay_backward(g)
+        if isinstance(g, Tensor):
+            raise RuntimeError(
+                "the fused GPT-2 block has a first-order backward only; a compiled graph "
+                "differentiates its traced ops under create_graph"
+            )
         with threads_for(g.size):
             return self.backward_block(g)
 
@@ -173,14 +184,3 @@ class NumbaGPT2Block(Op):
             *(_sums(gl1w), _sums(gl1b), gaw, gab, gpw, gpb),
             *(_sums(gl2w), _sums(gl2b), gfw, _sums(gfb), gmw, gmb),
         )
-
-    def replay_backward(self, g):
-        """The gradients as a graph (create_graph): the reference composition run again on
-        the saved inputs (now tensors of the graph) and differentiated."""
-        x, *params = self.saved
-        inputs = (x, *params)
-        with enable_grad():
-            out = gpt2_block_reference(x, params, **self.kw)
-            wanted = [t for t in inputs if t.requires_grad]
-            got = iter(grad(out, wanted, g, create_graph=True, allow_unused=True))
-        return tuple(next(got) if t.requires_grad else None for t in inputs)

@@ -1,0 +1,118 @@
+"""Replay: a traced ``Graph`` run again as one graph node, ``Replay``.
+
+Its forward runs each step's forward on arrays, in order, without the per-op Python of
+eager mode (no Tensor per value, no kernel lookup, no graph edges, no device checks): the
+kernel chosen at trace time runs again, since the guards keep the shapes, dtypes and devices
+the same. Each step's op instance keeps what its backward needs, as in eager mode. Its
+backward runs the steps' backwards in reverse, adding up each value's gradient; values that
+no later step reads are dropped as the walk passes them.
+
+``backward(create_graph=True)``: the steps run again eagerly on the saved inputs, as tensors
+that record a graph, and that graph is differentiated (so a compiled module's gradients are
+themselves differentiable, as an eager one's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import graph as tape
+from ..autograd.engine import grad as autograd_grad
+from ..backend import get_array_module
+from .trace import Graph
+
+
+def _arg(env, ref):
+    kind, v = ref
+    return env[v] if kind == "v" else v
+
+
+class Replay(tape.Op):
+    """The graph node of one compiled call: ``Replay.apply(*used, graph=g)``, ``used`` the
+    live inputs the graph reads (``graph.used``: an unused parameter gets no gradient, as in
+    eager mode, rather than a None the walk would take for a missing one)."""
+
+    multi_output = True
+
+    def forward(self, *arrays, graph: Graph):
+        record = any(self.needs_input_grad)
+        env = [None] * len(graph.needs_grad)
+        for slot, a in zip(graph.used, arrays):
+            env[slot] = a
+        fns = []
+        for st in graph.plan:
+            fn = st.impl()
+            fn.reference = st.cls
+            fn.needs_input_grad = st.needs if record else (False,) * len(st.ins)
+            args = [_arg(env, r) for r in st.ins]
+            kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
+            out = fn.forward(*args, **kwargs)
+            outs = out if st.impl.multi_output else (out,)
+            for slot, o in zip(st.outs, outs):
+                env[slot] = np.asarray(o) if isinstance(o, np.generic) else o
+            if record:
+                fns.append(fn)
+        self.graph, self.fns = graph, fns
+        if record:
+            self.save(*arrays)  # in-place changes to an input before backward are caught
+        self.out_slots = graph.output_slots()
+        return tuple(env[s] for s in self.out_slots)
+
+    def backward(self, *gys):
+        if any(tape.is_tensor(g) for g in gys):
+            return self._differentiable_backward(gys)
+        graph = self.graph
+        grads: list = [None] * len(graph.needs_grad)
+        for slot, g in zip(self.out_slots, gys):
+            if g is not None:
+                grads[slot] = g if grads[slot] is None else grads[slot] + g
+        for st, fn in zip(reversed(graph.plan), reversed(self.fns)):
+            gouts = [grads[s] for s in st.outs]
+            if all(g is None for g in gouts) or not any(st.needs):
+                continue
+            for s in st.outs:
+                grads[s] = None  # this value's gradient is complete: free it
+            if any(g is None for g in gouts):  # outputs no gradient reached: zeros
+                xp = get_array_module(*[g for g in gouts if g is not None])
+                gouts = [xp.zeros(*m) if g is None else g for g, m in zip(gouts, st.meta)]
+            gxs = fn.backward(*gouts)
+            if not isinstance(gxs, tuple):
+                gxs = (gxs,)
+            for ref, need, gx in zip(st.ins, st.needs, gxs):
+                if need and gx is not None and ref[0] == "v":
+                    s = ref[1]
+                    grads[s] = gx if grads[s] is None else grads[s] + gx
+        self.fns = []
+        return tuple(grads[s] for s in graph.used)
+
+    def _differentiable_backward(self, gys):
+        """Under create_graph: the steps again, eagerly, on the saved inputs (tensors linked
+        to the graph), and that graph's gradients, themselves recorded."""
+        graph, live = self.graph, self.saved
+        with tape.enable_grad():
+            env = [None] * len(graph.needs_grad)
+            for slot, t in zip(graph.used, live):
+                env[slot] = t
+            for st in graph.steps:
+                args = [_arg(env, r) for r in st.ins]
+                kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
+                out = st.cls.apply(*args, **kwargs)
+                for slot, o in zip(st.outs, out if isinstance(out, tuple) else (out,)):
+                    env[slot] = o
+            pairs = [
+                (env[s], g)
+                for s, g in zip(self.out_slots, gys)
+                if g is not None and graph.needs_grad[s]
+            ]
+            wrt = [(k, t) for k, t in enumerate(live) if tape.is_tensor(t) and t.requires_grad]
+            gs = autograd_grad(
+                [o for o, _ in pairs],
+                [t for _, t in wrt],
+                [g for _, g in pairs],
+                create_graph=True,
+                allow_unused=True,
+            )
+        out = [None] * len(live)
+        for (k, _), g in zip(wrt, gs):
+            out[k] = g
+        return tuple(out)

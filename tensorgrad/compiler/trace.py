@@ -1,0 +1,258 @@
+"""Trace: run a forward once, eagerly, and record the ops it ran as a ``Graph``.
+
+The tape already sees every op: ``Op.apply`` tells ``op_observers`` of each one after its
+forward. A ``Tracer`` is such an observer. It numbers the values the forward computes
+(slots): first the live inputs (the call's tensors and arrays, the module's parameters and
+buffers), then each op's outputs, and keeps a ``Step`` per op: the class that ran, where each
+input comes from (a slot, or a constant), its keyword arguments, the slots it writes.
+
+What a list of ops cannot replay makes the trace fail with a reason (``Graph.reason``), and
+the forward then runs eagerly:
+- a tensor's value read in Python (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``,
+  ``float(t)``, ``.array`` outside tensorgrad's own code): what follows depends on the data;
+- a tensor written in place (BatchNorm's running statistics, ``x += 1``);
+- random numbers drawn outside an op (``tg.randn`` in a forward: replay would reuse them);
+- a user's ``autograd.Function``, whose forward is Python the trace does not see;
+- a tensor that requires grad and is neither an input, a parameter nor a buffer.
+An array that is none of these (a causal mask, position ids) is a constant of the graph;
+``same_graph`` compares two traces so that a constant computed from an input's values, which
+changes from call to call, is caught before anything is replayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import backend
+from ..autograd import graph as tape
+from ..tensor import Tensor
+
+RANDOM_OPS = ("dropout",)  # ops that draw from the generator inside their forward
+
+
+@dataclass
+class Step:
+    cls: type  # the reference Op (what the tape records)
+    impl: type  # what ran: a registered kernel's class, or cls itself
+    ins: list  # per input: ("v", slot) a graph value, or ("c", value) a constant
+    kwargs: dict  # keyword arguments; an array among them is ("v", slot) or ("c", array)
+    outs: list  # the slots its outputs fill
+    needs: tuple  # per input: whether a gradient flows to it (when recording)
+    meta: list  # per output: (shape, dtype)
+
+
+class Leaf:
+    """A tensor (kind "v", its slot) or a constant (kind "c") in a forward's result."""
+
+    __slots__ = ("kind", "v")
+
+    def __init__(self, kind: str, v):
+        self.kind, self.v = kind, v
+
+    def __eq__(self, other):
+        return isinstance(other, Leaf) and self.kind == other.kind and same_value(self.v, other.v)
+
+
+@dataclass
+class Graph:
+    n_inputs: int  # slots 0..n_inputs-1: the live inputs, in the order of ``inputs``
+    steps: list = field(default_factory=list)
+    outputs: object = None  # the forward's result, tensors and constants as Leaf
+    needs_grad: list = field(default_factory=list)  # per slot: carries a gradient
+    meta: list = field(default_factory=list)  # per slot: (shape, dtype)
+    reason: str | None = None  # why it cannot be replayed (None: it can)
+    plan: list = field(default_factory=list)  # the steps replay runs (fuse.py: runs fused)
+    device: str = "cpu"  # where the live inputs are (kernels are generated for the CPU only)
+    used: list = field(default_factory=list)  # the input slots some step or output reads
+
+    def output_slots(self) -> list:
+        """The slots of the tensors in the forward's result, in order."""
+        return list(_slots(self.outputs))
+
+
+def _slots(x):
+    if isinstance(x, Leaf):
+        if x.kind == "v":
+            yield x.v
+    else:
+        for y in x:
+            yield from _slots(y)
+
+
+class Tracer:
+    """Records the ops of one forward (install with ``tracing``)."""
+
+    def __init__(self, live: list):
+        """live: the tensors (or arrays) read afresh at every call, in slot order."""
+        self.graph = Graph(n_inputs=len(live))
+        self.slot_of: dict[int, int] = {}  # id(Tensor) or id(array) -> slot
+        self.keep = list(live)  # keeps every object whose id is a key alive
+        self.versions: list = []  # (tensor, version when seen)
+        self.draws = 0  # random draws since the last op
+        for k, t in enumerate(live):
+            self._bind(t, k)
+            self.graph.needs_grad.append(isinstance(t, Tensor) and t.requires_grad)
+            a = t._array if isinstance(t, Tensor) else t
+            self.graph.meta.append((tuple(a.shape), a.dtype))
+            if backend.device_of(a) != "cpu":
+                self.graph.device = backend.device_of(a)
+
+    def fail(self, reason: str) -> None:
+        if self.graph.reason is None:
+            self.graph.reason = reason
+
+    def _bind(self, x, slot: int) -> None:
+        self.keep.append(x)
+        self.slot_of[id(x)] = slot
+        if isinstance(x, Tensor):
+            self.slot_of.setdefault(id(x._array), slot)
+            self.keep.append(x._array)
+            self.versions.append((x, x._version[0]))
+
+    def value(self, x):
+        """Where input x of an op comes from: ("v", slot) or ("c", constant)."""
+        slot = self.slot_of.get(id(x))
+        if slot is None and isinstance(x, Tensor):
+            slot = self.slot_of.get(id(x._array))  # the same array in another Tensor
+        if slot is not None:
+            if isinstance(x, Tensor):
+                self.versions.append((x, x._version[0]))
+            return ("v", slot)
+        if isinstance(x, Tensor):
+            if x.requires_grad:
+                self.fail(
+                    "it uses a tensor that requires grad and is neither an input, a "
+                    "parameter nor a buffer"
+                )
+            return ("c", x._array)
+        return ("c", x)
+
+    def __call__(self, cls, fn, inputs, kwargs, results) -> None:
+        if fn is None:
+            self.fail(f"it calls a user-defined autograd.Function ({cls.__name__})")
+        elif self.draws and cls.op not in RANDOM_OPS and not kwargs.get("dropout_p"):
+            self.fail("it draws random numbers outside an op (tg.randn or the like)")
+        self.draws = 0
+        if fn is None:
+            return
+        g = self.graph
+        ins = [self.value(x) for x in inputs]
+        kw = {k: self.value(v) if hasattr(v, "dtype") else ("c", v) for k, v in kwargs.items()}
+        outs = []
+        for r in results:
+            slot = len(g.needs_grad)
+            g.needs_grad.append(r.requires_grad)
+            g.meta.append((tuple(r._array.shape), r._array.dtype))
+            self._bind(r, slot)
+            outs.append(slot)
+        needs = tuple(bool(n) for n in fn.needs_input_grad)
+        meta = [(tuple(r._array.shape), r._array.dtype) for r in results]
+        g.steps.append(Step(cls, type(fn), ins, kw, outs, needs, meta))
+
+    def finish(self, result) -> Graph:
+        g = self.graph
+        if any(t._version[0] != v for t, v in self.versions):
+            self.fail("it writes into a tensor in place (running statistics, x += ...)")
+        g.outputs = self._outputs(result)
+        read = {v for st in g.steps for kind, v in [*st.ins, *st.kwargs.values()] if kind == "v"}
+        g.used = sorted(s for s in read | set(g.output_slots()) if s < g.n_inputs)
+        return g
+
+    def _outputs(self, r):
+        if isinstance(r, (tuple, list)):
+            return type(r)(self._outputs(x) for x in r)
+        if isinstance(r, Tensor):
+            return Leaf(*self.value(r))
+        if r is None or isinstance(r, (bool, int, float, str)):
+            return Leaf("c", r)
+        self.fail(f"it returns a {type(r).__name__}")
+        return Leaf("c", r)
+
+
+_VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
+
+
+@contextlib.contextmanager
+def tracing(tracer: Tracer):
+    """Install ``tracer`` as an op observer; count random draws; flag value reads."""
+    saved = {name: getattr(Tensor, name) for name in _VALUE_READS}
+
+    def reader(name, method):
+        def read(self, *args, **kwargs):
+            if tracer in tape.op_observers:  # not inside an unobserved() side computation
+                tracer.fail(f"it reads a tensor's value in Python ({name})")
+            return method(self, *args, **kwargs)
+
+        return read
+
+    get = backend.generators.get
+
+    def counting_get(*args, **kwargs):
+        tracer.draws += 1
+        return get(*args, **kwargs)
+
+    array = Tensor.array
+
+    def read_array(self):
+        # tensorgrad's own code passes arrays to ops (which the trace sees); code outside it
+        # that takes a tensor's array computes in Python on its values
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith("tensorgrad") and tracer in tape.op_observers:
+            tracer.fail("it reads a tensor's array (.array) in Python")
+        return self._array
+
+    for name, method in saved.items():
+        setattr(Tensor, name, reader(name, method))
+    Tensor.array = property(read_array, array.fset, doc=array.__doc__)
+    backend.generators.get = counting_get
+    tape.op_observers.append(tracer)
+    try:
+        yield tracer
+    finally:
+        tape.op_observers.remove(tracer)
+        del backend.generators.get  # the instance attribute: the class's method again
+        for name, method in saved.items():
+            setattr(Tensor, name, method)
+        Tensor.array = array
+
+
+def same_graph(a: Graph, b: Graph) -> bool:
+    """Whether two traces of one signature ran the same ops on the same constants."""
+    if len(a.steps) != len(b.steps) or not same_value(a.outputs, b.outputs):
+        return False
+    for s, t in zip(a.steps, b.steps):
+        if (s.cls, s.impl, s.outs, s.needs) != (t.cls, t.impl, t.outs, t.needs):
+            return False
+        if not same_value(s.ins, t.ins) or not same_value(s.kwargs, t.kwargs):
+            return False
+    return True
+
+
+def same_value(x, y) -> bool:
+    if isinstance(x, dict):
+        return (
+            isinstance(y, dict) and x.keys() == y.keys() and all(same_value(x[k], y[k]) for k in x)
+        )
+    if isinstance(x, (list, tuple)):
+        return (
+            type(x) is type(y) and len(x) == len(y) and all(same_value(a, b) for a, b in zip(x, y))
+        )
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        return (
+            hasattr(y, "dtype")
+            and x.shape == y.shape
+            and x.dtype == y.dtype
+            and bool(backend.get_array_module(x).array_equal(x, y))
+        )
+    try:
+        return bool(x == y) and type(x) is type(y)
+    except (TypeError, ValueError):
+        return x is y
+
+
+def is_plain(x) -> bool:
+    return x is None or isinstance(x, (bool, int, float, str, np.generic))

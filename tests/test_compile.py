@@ -1,0 +1,392 @@
+"""tensorgrad.compile: trace, guards, replay, fall back (docs/compile.md).
+
+A compiled forward must give what the eager one gives, outputs and gradients, call after
+call; a change of signature (shape, train/eval, grad mode) traces again; a forward that a list
+of ops cannot replay runs eagerly, saying why in one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+import tensorgrad.functional as F
+from tensorgrad import nn
+from tensorgrad.compiler import CompileWarning, compiled_forward
+
+
+def twins(make):
+    """The same module twice (equal weights): one to compile, one to run eagerly."""
+    a, b = make(), make()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 6), nn.LayerNorm(6))
+
+
+def run(model, x, seed):
+    """Output and parameter gradients of sum(out * w) for a fixed random w."""
+    for p in model.parameters():
+        p.grad = None
+    out = model(x)
+    w = tg.tensor(np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32))
+    run.node = type(out._node).__name__
+    (out * w).sum().backward()
+    return out.detach().numpy(), [p.grad.numpy() for p in model.parameters()]
+
+
+def assert_close(a, b, tol=1e-6):
+    np.testing.assert_allclose(a[0], b[0], rtol=tol, atol=tol)
+    for ga, gb in zip(a[1], b[1]):
+        np.testing.assert_allclose(ga, gb, rtol=tol, atol=tol)
+
+
+def node(t) -> str:
+    return type(t._node).__name__
+
+
+def test_replayed_calls_equal_eager_ones():
+    compiled, eager = twins(mlp)
+    tg.compile(compiled)
+    names = []
+    for i in range(5):
+        x = tg.randn(4, 6)
+        assert_close(run(compiled, x, i), run(eager, x, i))
+        names.append(node(compiled(x)))
+    assert names == ["Replay"] * 5  # the traced calls too: they return the graph's replay
+    s = compiled_forward(compiled).summary()
+    assert s["compiled"] == 1 and s["ops"] == [4] and s["eager"] == []
+
+
+def test_guards_retrace_on_shape_train_eval_and_no_grad():
+    compiled, eager = twins(lambda: nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.0), nn.Tanh()))
+    tg.compile(compiled)
+    for shape in [(4, 6), (4, 6), (4, 6), (3, 6), (3, 6), (3, 6)]:
+        x = tg.randn(*shape)
+        assert_close(run(compiled, x, 0), run(eager, x, 0))
+    compiled.eval(), eager.eval()
+    for _ in range(3):
+        x = tg.randn(3, 6)
+        assert_close(run(compiled, x, 0), run(eager, x, 0))
+    with tg.no_grad():
+        for _ in range(3):
+            y = compiled(x)
+            assert not y.requires_grad
+            np.testing.assert_array_equal(y.numpy(), eager(x).numpy())
+    assert compiled_forward(compiled).summary()["compiled"] == 4  # 2 shapes, eval, no_grad
+
+
+class ReadsAValue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if y.sum().item() > 0 else y * -1  # Python decides on the data
+
+
+class DerivesAnArray(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        keep = tg.Tensor(x.array > 0)  # computed outside the ops, from the input's values
+        return self.lin(x).masked_fill(keep, 0.0)
+
+
+class CountsCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(3, 3), 0
+
+    def forward(self, x):
+        self.calls += 1  # Python state the guards do not see: a new constant every call
+        return self.lin(x) * float(self.calls % 3 + 1)
+
+
+class DrawsNoise(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x) + tg.randn(*x.shape)
+
+
+class Cube(tg.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+class UsesAFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return Cube.apply(self.lin(x))
+
+
+class RunningMean(nn.Module):
+    """Keeps a running mean of its input in a buffer, as BatchNorm's statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("mean", tg.zeros(3))
+
+    def forward(self, x):
+        with tg.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.lin(x - self.mean)
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (ReadsAValue, "reads a tensor's value in Python"),
+        (DerivesAnArray, "reads a tensor's array"),
+        (DrawsNoise, "draws random numbers outside an op"),
+        (UsesAFunction, "autograd.Function"),
+        (RunningMean, "writes into a tensor in place"),
+    ],
+    ids=["item", "derived array", "randn", "Function", "running stats"],
+)
+def test_what_cannot_be_replayed_runs_eagerly_saying_why(make, why):
+    compiled, eager = twins(make)
+    tg.compile(compiled)
+    with pytest.warns(CompileWarning, match=why) as said:
+        for i in range(4):
+            x = tg.randn(5, 3)
+            tg.manual_seed(i)
+            a = run(compiled, x, i)
+            assert run.node != "Replay"
+            tg.manual_seed(i)
+            assert_close(a, run(eager, x, i))
+    lines = [str(w.message) for w in said if issubclass(w.category, CompileWarning)]
+    assert len(lines) == 1 and lines[0].startswith("tensorgrad.compile: ")
+    assert compiled_forward(compiled).summary()["compiled"] == 0
+
+
+def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
+    m = tg.compile(CountsCalls())
+    with pytest.warns(CompileWarning, match="changed between two calls"):
+        for i in range(1, 6):
+            x = tg.randn(2, 3)
+            with tg.no_grad():
+                want = (m.lin(x) * float((i % 3) + 1)).numpy()
+            np.testing.assert_allclose(m(x).detach().numpy(), want, rtol=1e-6)
+
+
+def test_hooks_on_a_submodule_keep_it_eager():
+    compiled, _ = twins(mlp)
+    seen = []
+    compiled[1].register_forward_hook(lambda m, i, o: seen.append(1))
+    tg.compile(compiled)
+    with pytest.warns(CompileWarning, match="forward hooks"):
+        for _ in range(4):
+            compiled(tg.randn(2, 6))
+    assert len(seen) == 4  # the hook ran every call
+
+
+def test_fullgraph_raises_instead_of_falling_back():
+    m = tg.compile(ReadsAValue(), fullgraph=True)
+    with pytest.raises(RuntimeError, match="reads a tensor's value"):
+        m(tg.randn(2, 3))
+
+
+def test_dropout_draws_a_new_mask_each_replayed_call():
+    m = tg.compile(nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5)))
+    x = tg.randn(16, 8)
+    outs = [m(x) for _ in range(5)]
+    assert node(outs[-1]) == "Replay"
+    zero = [o.detach().numpy() == 0 for o in outs[2:]]
+    assert not np.array_equal(zero[0], zero[1])
+    assert 0.35 < zero[0].mean() < 0.65
+
+
+def test_create_graph_through_a_compiled_module_matches_eager():
+    """A gradient penalty: d/dw of |dL/dx|², through the replayed graph."""
+    compiled, eager = twins(mlp)
+    tg.compile(compiled)
+
+    def penalty(model, x):
+        x = x.detach().requires_grad_()
+        (gx,) = tg.autograd.grad(model(x).pow(2).sum(), [x], create_graph=True)
+        for p in model.parameters():
+            p.grad = None
+        (gx * gx).sum().backward()
+        return gx.detach().numpy(), [p.grad.numpy() for p in model.parameters()]
+
+    for i in range(4):
+        x = tg.randn(3, 6)
+        assert_close(penalty(compiled, x), penalty(eager, x), tol=1e-5)
+    assert compiled_forward(compiled).summary()["compiled"] == 1
+
+
+def test_a_compiled_function():
+    @tg.compile
+    def f(x, w):
+        return F.gelu(x @ w).sum(dim=-1)
+
+    w = tg.randn(4, 3, requires_grad=True)
+    for _ in range(4):
+        x = tg.randn(2, 4)
+        y = f(x, w)
+        (gw,) = tg.autograd.grad(y.sum(), [w])
+        w2 = w.detach().requires_grad_()
+        (gw2,) = tg.autograd.grad(F.gelu(x @ w2).sum(dim=-1).sum(), [w2])
+        np.testing.assert_allclose(gw.numpy(), gw2.numpy(), rtol=1e-6)
+    assert node(y) == "Replay"
+
+
+def test_an_inplace_change_before_backward_is_caught_as_in_eager_mode():
+    m = tg.compile(nn.Linear(3, 3))
+    for _ in range(3):
+        y = m(tg.randn(2, 3))
+    assert node(y) == "Replay"
+    with tg.no_grad():
+        m.weight.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place after it was saved"):
+        y.sum().backward()
+
+
+# ---------------------------------------------------------------------- the GPT
+
+
+def gpt_pair(**over):
+    from gpt.config import GPTConfig
+    from gpt.model import GPT
+
+    cfg = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=16, **over)
+    tg.manual_seed(0)
+    a = GPT(cfg)
+    tg.manual_seed(0)
+    return a, GPT(cfg)
+
+
+def adamw_steps(model, n=5):
+    opt = model.configure_optimizers(0.1, 1e-2)
+    g, losses = np.random.default_rng(0), []
+    for _ in range(n):
+        idx = g.integers(0, 11, (3, 16))
+        _, loss = model(idx, np.roll(idx, -1, axis=1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_compiled_gpt_trains_as_the_eager_one(dropout):
+    compiled, eager = gpt_pair(dropout=dropout)
+    tg.compile(compiled)
+    tg.manual_seed(1)
+    got = adamw_steps(compiled)
+    tg.manual_seed(1)
+    want = adamw_steps(eager)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)  # (the fused block vs the ops:
+    for name in want[1]:  # float32 rounding, which AdamW's normalised steps carry over)
+        w = want[1][name]
+        assert np.abs(got[1][name] - w).max() <= 1e-3 * np.abs(w).max(), name
+    assert compiled_forward(compiled).summary()["compiled"] == 1
+
+
+# (class-level edits of the GPT, compiled and eager: tests/test_model_edits.py)
+
+
+# ---------------------------------------------------------------------- fusion
+
+UNARY = {
+    "Exp": lambda t: t.exp(),
+    "Log": lambda t: (t * t + 1.0).log(),
+    "Sqrt": lambda t: (t * t + 1.0).sqrt(),
+    "Tanh": lambda t: t.tanh(),
+    "Sigmoid": lambda t: t.sigmoid(),
+    "Relu": F.relu,
+    "Neg": lambda t: -t,
+    "Gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "Gelu:none": F.gelu,
+    "Pow": lambda t: t**3,
+    "Div": lambda t: t / (t * t + 2.0),
+    "Sub": lambda t: 2.5 - t,
+}
+
+
+def fused_names(f) -> list[str]:
+    (entry,) = [e for e in f.entries.values() if e[0] == "ready"]
+    return [s.impl.__name__ for s in entry[1].plan]
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.parametrize("rule", sorted(UNARY))
+@pytest.mark.parametrize("n", [7, 40_000], ids=["serial", "parallel"])
+def test_each_fusion_rule_matches_its_reference_op(rule, n):
+    """Each rule of fuse.RULES, in a run with a bias add and a scale (float64: tight), forward
+    and the gradients of the input and the (broadcast) bias, against the ops one by one."""
+    pytest.importorskip("numba")
+    op = UNARY[rule]
+
+    def run_(x, b):
+        return op(x + b) * 1.5
+
+    f = tg.compile(run_)
+    rng = np.random.default_rng(0)
+    b = tg.tensor(rng.standard_normal(7), requires_grad=True)
+    for _ in range(3):
+        x = tg.tensor(rng.standard_normal((n // 7, 7)), requires_grad=True)
+        w = tg.tensor(rng.standard_normal((n // 7, 7)))
+        y = f(x, b)
+        got = [y.detach().numpy(), *(g.numpy() for g in tg.autograd.grad((y * w).sum(), [x, b]))]
+        y2 = run_(x, b)
+        want = [y2.detach().numpy(), *(g.numpy() for g in tg.autograd.grad((y2 * w).sum(), [x, b]))]
+        for a, c in zip(got, want):
+            np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12, err_msg=rule)
+    assert len(fused_names(f)) == 1 and fused_names(f)[0].startswith("Fused[add+")
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+def test_a_long_chain_is_one_kernel_and_keeps_float32():
+    pytest.importorskip("numba")
+
+    def chain(x, b):
+        y = F.gelu(x + b)
+        y = y * 0.5 + x
+        y = y.tanh() * y.sigmoid() + F.relu(y) ** 2
+        return (y.exp() - 1.0) / 3.0, y  # an intermediate is an output too
+
+    f = tg.compile(chain)
+    b = tg.randn(64, requires_grad=True)
+    for _ in range(3):
+        x = tg.randn(32, 64, requires_grad=True)
+        (y, mid) = f(x, b)
+        loss = (y * y).sum() + mid.sum()
+        got = [y, mid, *tg.autograd.grad(loss, [x, b])]
+        x2, b2 = x.detach().requires_grad_(), b.detach().requires_grad_()
+        (y2, mid2) = chain(x2, b2)
+        want = [y2, mid2, *tg.autograd.grad((y2 * y2).sum() + mid2.sum(), [x2, b2])]
+        for a, c in zip(got, want):
+            assert a.dtype == tg.float32
+            np.testing.assert_allclose(a.detach().numpy(), c.detach().numpy(), rtol=2e-5, atol=1e-5)
+    assert fused_names(f) == ["Fused[add+gelu+mul+add+tanh+sigmoid+mul+relu+pow+add+exp+sub+div]"]
+
+
+def test_nothing_is_fused_with_the_kernels_off(monkeypatch):
+    monkeypatch.setattr(tg.kernels, "is_enabled", lambda name=None: False)
+    f = tg.compile(lambda x: (x * 2.0).tanh() + 1.0)
+    for _ in range(3):
+        y = f(tg.randn(4, 4, requires_grad=True))
+    assert node(y) == "Replay" and fused_names(f) == ["Mul", "Tanh", "Add"]
