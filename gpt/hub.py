@@ -48,6 +48,8 @@ def parse_hub_name(s: str) -> tuple[str, str | None] | None:
 def _path_kind(s: str) -> str:
     """'dir', 'other' or 'none' for the path s; a name the filesystem refuses (too long, a
     file as a parent) is 'none', so that it meets the hub's checks, not an OSError."""
+    if not s:  # Path('') is '.': an empty name is no name, not the current directory
+        return "none"
     try:
         p = Path(s).expanduser()
         return "dir" if p.is_dir() else "other" if p.exists() else "none"
@@ -56,6 +58,8 @@ def _path_kind(s: str) -> str:
 
 
 def _shown(s: str) -> str:
+    if not s:
+        return "the empty name ''"
     return s if len(s) <= 80 else f"{s[:60]}... ({len(s)} characters)"
 
 

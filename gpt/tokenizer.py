@@ -54,6 +54,12 @@ MAX_TOKEN_ID = 1 << 24  # far above any real vocabulary; bounds what a vocab.jso
 MAX_FILE_BYTES = 64 << 20  # GPT-2's vocab.json is 1 MB; bounds what a tokenizer file may hold
 
 
+def _q(v) -> str:
+    """A value from a file or a caller, quoted for a message and cut to about 80 characters."""
+    r = repr(v)
+    return r if len(r) <= 80 else f"{r[:60]}... ({len(r):,} characters)"
+
+
 def read_text(path: str | os.PathLike) -> str:
     """A tokenizer file's UTF-8 text: a regular file (not a FIFO or device) of at most
     MAX_FILE_BYTES, refused with one ValueError line otherwise (OSError if unreadable)."""
@@ -124,7 +130,7 @@ class Tokenizer:
             allowed = {}
             for tok in allowed_special:
                 if tok not in self.special_tokens:
-                    raise ValueError(f"{tok!r} is not a special token of this tokenizer")
+                    raise ValueError(f"{_q(tok)} is not a special token of this tokenizer")
                 allowed[tok] = self.special_tokens[tok]
         if not allowed:
             return self.encode_ordinary(s)
@@ -194,7 +200,7 @@ class CharTokenizer(Tokenizer):
     @classmethod
     def from_dict(cls, d: dict) -> CharTokenizer:
         if d.get("type") != "char":
-            raise ValueError(f"not a char tokenizer dict (type={d.get('type')!r})")
+            raise ValueError(f"not a char tokenizer dict (type={_q(d.get('type'))})")
         if not isinstance(d.get("chars"), str):
             raise ValueError("a char tokenizer's 'chars' must be a string")  # noqa: TRY004 (callers catch ValueError)
         return cls(d["chars"])
@@ -246,7 +252,7 @@ class CharTokenizer(Tokenizer):
         if not isinstance(vocab, dict) or model.get("type") != "WordLevel":
             kind = model.get("type") if isinstance(model, dict) else None
             raise ValueError(
-                f"tokenizer.json holds a Hugging Face {kind} tokenizer; gpt reads GPT-2's "
+                f"tokenizer.json holds a Hugging Face {str(kind)[:40]} tokenizer; gpt reads GPT-2's "
                 "vocab.json + merges.txt, or the character-level tokenizer.json gpt-export writes"
             )
         chars = sorted((i, t) for t, i in vocab.items() if t not in (UNK, EOT))
@@ -435,7 +441,9 @@ class BPETokenizer(Tokenizer):
         for rank, (a, b) in enumerate(merges):
             missing = [t for t in (a, b, a + b) if t not in vocab]
             if missing:
-                raise ValueError(f"merge {rank} ({a} {b}) needs {missing[0]!r}, not in vocab")
+                raise ValueError(
+                    f"merge {rank} ({_q(a)} {_q(b)}) needs {_q(missing[0])}, not in vocab"
+                )
             # A repeated merge keeps its first (highest priority) rank, as GPT-2's dict does.
             self._ranks.setdefault((vocab[a], vocab[b]), (rank, vocab[a + b]))
             made.add(a + b)
@@ -534,7 +542,7 @@ class BPETokenizer(Tokenizer):
     @classmethod
     def from_dict(cls, d: dict) -> BPETokenizer:
         if d.get("type") != "bpe":
-            raise ValueError(f"not a bpe tokenizer dict (type={d.get('type')!r})")
+            raise ValueError(f"not a bpe tokenizer dict (type={_q(d.get('type'))})")
         if not isinstance(d.get("merges"), list):
             raise ValueError("a bpe tokenizer's 'merges' must be a list of strings")  # noqa: TRY004 (callers catch ValueError)
         return cls(d.get("vocab"), [_split_merge(m) for m in d["merges"]])
@@ -566,10 +574,10 @@ class BPETokenizer(Tokenizer):
 def _split_merge(line: str) -> tuple[str, str]:
     # Byte-level tokens never hold a real space (the space byte is spelled 'Ġ').
     if not isinstance(line, str):
-        raise ValueError(f"bad merge {line!r}: expected a string 'a b'")  # noqa: TRY004 (callers catch ValueError)
+        raise ValueError(f"bad merge {_q(line)}: expected a string 'a b'")  # noqa: TRY004 (callers catch ValueError)
     parts = line.split(" ")
     if len(parts) != 2:
-        raise ValueError(f"bad merge line {line!r}: expected two tokens separated by one space")
+        raise ValueError(f"bad merge line {_q(line)}: expected two tokens separated by one space")
     return parts[0], parts[1]
 
 
@@ -585,7 +593,7 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         raise ValueError(f"a tokenizer must be a JSON object, got {type(d).__name__}")  # noqa: TRY004 (callers catch ValueError)
     kind = d.get("type")
     if kind not in _TYPES:
-        raise ValueError(f"unknown tokenizer type {kind!r}; expected one of {sorted(_TYPES)}")
+        raise ValueError(f"unknown tokenizer type {_q(kind)}; expected one of {sorted(_TYPES)}")
     return _TYPES[kind].from_dict(d)
 
 

@@ -54,6 +54,8 @@ class _Refused(Exception):
 # ----------------------------------------------------------------------------- save
 def _host(x) -> np.ndarray:
     a = to_numpy(x)
+    if a.dtype.newbyteorder("=") not in _STORED:  # complex128, str, object, structured...
+        raise TypeError(f"save: cannot store dtype {a.dtype} (safetensors has no such dtype)")
     return np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes a 0-d array 1-d
 
 
@@ -87,7 +89,12 @@ def _encode(obj, arrays: dict, path: str, depth: int = 0):
         return {"__tuple__": items} if isinstance(obj, tuple) else items
     if isinstance(obj, np.generic):
         if obj.dtype not in _STORED:  # e.g. np.str_: stored as the Python value
-            return _encode(obj.item(), arrays, path, d)
+            v = obj.item()
+            if v is not None and not isinstance(v, (bool, int, float, str)):
+                raise TypeError(
+                    f"save: cannot store dtype {obj.dtype} (no Python value JSON holds)"
+                )
+            return _encode(v, arrays, path, d)
         enc = _encode(np.asarray(obj), arrays, path, d)  # a 0-d array keeps the dtype
         return {"__scalar__": enc["__array__"]}
     if obj is None or isinstance(obj, (bool, int, float, str)):
@@ -103,25 +110,61 @@ def save(obj, f) -> None:
 
     The bytes go to a new temporary file (created exclusively, so nothing planted at its
     name is written through) beside ``f``, which then replaces ``f`` in one rename: a crash
-    mid-write leaves the old file intact."""
+    mid-write leaves the old file intact. A symbolic link ``f`` is written through, to its
+    target (as torch.save does), and a file replaced keeps its permission bits; anything
+    else that is not a regular file (a device, a FIFO, a directory) is refused, unchanged."""
     arrays: dict = {}
     tree = _encode(obj, arrays, "")
     data = st_save(arrays, metadata={_KEY: json.dumps(tree)})
-    path = Path(os.fspath(f))
-    fd, tmp = _create_beside(path)
+    shown = os.fspath(f)
+    path = _target(shown)
+    fd, tmp = _create_beside(path, shown)
     try:
         with os.fdopen(fd, "wb") as out:
+            if path.exists():
+                os.fchmod(out.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise _save_error(e.errno, shown) from None
         raise
 
 
-def _create_beside(path: Path) -> tuple[int, Path]:
+def _save_error(code: int, shown: str) -> OSError:
+    """One line naming the user's path (never the temporary file's)."""
+    name = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"
+    err = OSError(code, f"save: cannot write {name!r}: {os.strerror(code)}")
+    err.filename = shown
+    return err
+
+
+def _target(shown: str) -> Path:
+    """The file save replaces: f itself, or the target of the symbolic link f; refused when it
+    exists and is not a regular file, or when f names no file at all."""
+    if not shown:
+        raise _save_error(errno.ENOENT, shown)
+    path = Path(os.path.realpath(shown))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as e:
+        raise _save_error(e.errno, shown) from None
+    if stat.S_ISDIR(mode):
+        raise _save_error(errno.EISDIR, shown)
+    if not stat.S_ISREG(mode):
+        err = OSError(errno.EINVAL, f"save: {shown!r} is not a regular file (a device or pipe)")
+        err.filename = shown
+        raise err
+    return path
+
+
+def _create_beside(path: Path, shown: str) -> tuple[int, Path]:
     """A new file with a random name beside path, created exclusively (a file or link planted
     at that name fails the call instead of being written through), mode 0o666 less the umask."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
@@ -131,11 +174,9 @@ def _create_beside(path: Path) -> tuple[int, Path]:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
             continue
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                errno.ENOENT, "save: no such directory", str(path.parent)
-            ) from None
-    raise FileExistsError(errno.EEXIST, "save: no free temporary name", str(path.parent))
+        except OSError as e:
+            raise _save_error(e.errno, shown) from None
+    raise _save_error(errno.EEXIST, shown)
 
 
 # ----------------------------------------------------------------------------- load
@@ -177,6 +218,8 @@ def _read_header(fh, size: int) -> tuple[dict, int, object]:
             raise _Refused(
                 f"is corrupt: the data of {_short(name)} overlaps another's or leaves a gap"
             )
+        if math.prod(max(s, 1) for s in t["shape"]) * 16 >= 2**63:  # NumPy's bound
+            raise _Refused(f"is corrupt: the shape of {_short(name)} is too large")
         if b - a != math.prod(t["shape"]) * np.dtype(_DTYPES[t["dtype"]]).itemsize:
             raise _Refused(
                 f"is corrupt: the size of {_short(name)} does not match its shape and dtype"

@@ -314,3 +314,204 @@ def test_a_client_trickling_its_request_is_dropped_at_the_deadline(phase, capsys
         srv.shutdown()
         srv.server_close()
     assert capsys.readouterr().err == ""
+
+
+def _served(timeout, max_connections=1):
+    from gpt.explain import prompt_tokenizer
+    from gpt.explain.serve.server import make_server
+    from gpt.explain.steps import Session
+
+    prompt = "The capital of France is Paris"
+    tok = prompt_tokenizer(prompt)
+    tg.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size))
+    srv = make_server(Session(model, tok, prompt), max_connections=max_connections, timeout=timeout)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_a_refused_client_trickling_after_the_answer_is_dropped_at_the_deadline(capsys):
+    """After the answer the server reads what the client still sends, so that closing does not
+    reset the connection; that drain has one deadline too, not one per read: a refused client
+    sending a byte every 0.5 s (each read in time) does not keep its slot for 16 reads."""
+    srv = _served(timeout=0.5)
+    addr = srv.server_address[:2]
+    host = f"127.0.0.1:{addr[1]}"
+    stop = threading.Event()
+    answer = []
+
+    def trickle():
+        with socket.create_connection(addr, timeout=30) as s:
+            try:
+                s.sendall(
+                    f"POST /api/step HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n"
+                    f"Content-Length: 60000\r\n\r\n".encode()
+                )
+                answer.append(s.recv(65536))  # 415, then keep trickling the body
+                for _ in range(100):
+                    if stop.is_set():
+                        break
+                    s.sendall(b"x")
+                    time.sleep(0.5)
+            except OSError:
+                pass  # the server closed on us
+
+    t = threading.Thread(target=trickle, daemon=True)
+    try:
+        t.start()
+        while srv.open == 0 and t.is_alive():
+            time.sleep(0.01)
+        assert srv.wait_idle(5)  # not 16 reads of 0.5 s (8 s) or more
+        assert answer and answer[0].startswith(b"HTTP/1.0 415"), answer
+        with socket.create_connection(addr, timeout=30) as s:  # the next client is served
+            s.sendall(f"GET /api/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert s.recv(65536).startswith(b"HTTP/1.0 200")
+    finally:
+        stop.set()
+        srv.shutdown()
+        srv.server_close()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_request_line_without_a_version_is_answered_400_at_once(capsys):
+    """``GET /`` alone (HTTP/0.9) is refused at once, not read for headers until the deadline."""
+    srv = _served(timeout=60)
+    addr = srv.server_address[:2]
+    try:
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(b"GET /\r\n")
+            data = s.recv(65536)
+        assert data.startswith(b"HTTP/1.0 400"), data
+        assert b'"error"' in data and b"HTTP/0.9" in data
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert capsys.readouterr().err == ""
+
+
+# ----------------------------------------------------------------------------- round 4
+def not_regular(tmp_path) -> dict:
+    """Things that exist and are not regular files, under tmp_path only: a FIFO, a directory,
+    and (as root) a character device like /dev/null."""
+    import stat
+
+    nodes = {"fifo": tmp_path / "fifo.png", "dir": tmp_path / "dir.png"}
+    os.mkfifo(nodes["fifo"])
+    nodes["dir"].mkdir()
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes["chardev"] = tmp_path / "null.png"
+        os.mknod(nodes["chardev"], stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return nodes
+
+
+def test_gpt_plot_never_replaces_an_output_that_is_not_a_regular_file(tmp_path, capsys):
+    write_metrics(tmp_path, ['{"iter": 0, "loss": 3.0}'])
+    for kind, p in not_regular(tmp_path).items():
+        before = os.lstat(p).st_mode
+        assert plot.main([str(tmp_path), "--output", str(p)]) == 2, kind
+        err = one_line(capsys.readouterr().err)
+        assert "not a regular file" in err or (kind == "dir" and "is a directory" in err), err
+        assert os.lstat(p).st_mode == before, kind
+
+
+@pytest.mark.parametrize("where", ["long", "file_parent"])
+def test_gpt_plot_output_that_cannot_be_a_file_is_one_line(tmp_path, capsys, where):
+    write_metrics(tmp_path, ['{"iter": 0, "loss": 3.0}'])
+    (tmp_path / "file").write_text("mine")
+    out = tmp_path / ("a" * 300 + ".png") if where == "long" else tmp_path / "file" / "x.png"
+    assert plot.main([str(tmp_path), "--output", str(out)]) in (1, 2)
+    err = one_line(capsys.readouterr().err)
+    assert ("too long" in err) if where == "long" else ("not a directory" in err), err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "link_to_fifo"])
+def test_gpt_plot_metrics_that_is_not_a_regular_file_is_one_line(tmp_path, capsys, kind):
+    m = tmp_path / "metrics.jsonl"
+    if kind == "fifo":
+        os.mkfifo(m)
+    elif kind == "dir":
+        m.mkdir()
+    else:
+        os.mkfifo(tmp_path / "pipe")
+        os.symlink(tmp_path / "pipe", m)
+    assert plot.main([str(tmp_path)]) == 2
+    assert "is not a regular file" in one_line(capsys.readouterr().err)
+
+
+def test_gpt_plot_skips_rows_with_numbers_too_big_for_a_float(tmp_path):
+    big = 10**400
+    rows = [
+        f'{{"iter": {2**1100}, "loss": 1.0}}',
+        f'{{"iter": {"9" * 400}, "loss": 1.0}}',
+        f'{{"iter": 3, "loss": {big}}}',
+        f'{{"iter": 4, "train_loss": {big}, "val_loss": 1.0}}',
+        f'{{"iter": 5, "diag": {{"update_ratio": {{"h": {big}}}, "grad_norm": {{}}}}}}',
+        '{"iter": 6, "loss": 2.0}',
+    ]
+    write_metrics(tmp_path, rows)
+    got = plot.read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["iter"] for r in got] == [5, 6] and got[0]["diag"]["update_ratio"] == {}
+
+
+def test_gpt_plot_reads_a_huge_metrics_file_in_bounded_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(plot, "MAX_LINE_BYTES", 1 << 16)
+    monkeypatch.setattr(plot, "MAX_ROWS", 64)
+    with open(tmp_path / "metrics.jsonl", "wb") as f:
+        f.write(b"".join(b'{"iter": %d, "loss": 1.5}\n' % i for i in range(1000)))
+        f.write(b"\0" * (8 << 20))  # a long NUL tail without a newline, as after a crash
+        f.write(b'\n{"iter": 1000, "loss": 1.0}\n')
+    tracemalloc.start()
+    try:
+        got = plot.read_metrics(tmp_path / "metrics.jsonl")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, peak
+    assert 16 <= len(got) <= 64 and got[0]["iter"] == 0 and got[-1]["iter"] == 1000
+
+
+def test_a_huge_token_in_merges_txt_is_cut_in_the_message(tmp_path):
+    BPETokenizer.train("abc abd abe", 260).save(tmp_path)
+    merges = (tmp_path / "merges.txt").read_text()
+    (tmp_path / "merges.txt").write_text(merges + "x" * 100_000 + " y\n")
+    with pytest.raises(ValueError) as e:
+        load_tokenizer_dir(tmp_path)
+    assert len(str(e.value)) < 400 and "\n" not in str(e.value), str(e.value)[:500]
+
+
+def test_from_pretrained_refuses_the_empty_name(tmp_path, monkeypatch):
+    from gpt.hub import HubError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HubError, match="''"):
+        GPT.from_pretrained("")
+
+
+def test_gpt_explain_prompt_that_is_not_utf8_is_one_line(capsys):
+    from gpt.explain import main
+
+    prompt = b"\xed\xa0\x80abc".decode("utf-8", "surrogateescape")  # as sys.argv holds it
+    with pytest.raises(SystemExit) as e:
+        main(["--prompt", prompt, "--format", "json", "--checks", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--prompt" in err and "UTF-8" in err and "could not load" not in err
+
+
+@pytest.mark.parametrize("names", [["metrics.jsonl"], ["loss.png"], ["metrics.jsonl", "loss.png"]])
+def test_gpt_train_never_overwrites_a_users_metrics_or_plot(tmp_path, monkeypatch, capsys, names):
+    monkeypatch.setenv("GPT_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "mine"
+    out.mkdir()
+    for n in names:
+        (out / n).write_text(f"my {n}")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abc de " * 400)
+    args = ["--data", str(corpus), "--out-dir", str(out), "--max-iters", "1", "--no-sample"]
+    assert train.main([*args, "--block-size", "8", "--n-layer", "1", "--n-embd", "16"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "--overwrite" in err and names[0] in err, err
+    assert all((out / n).read_text() == f"my {n}" for n in names)

@@ -361,3 +361,95 @@ def test_an_overlong_name_gets_the_hubs_one_line_error(tmp_path, monkeypatch, na
     with pytest.raises(HubError, match="is neither a directory nor a Hugging Face hub name") as e:
         GPT.from_pretrained(name)
     assert len(str(e.value)) < 300
+
+
+# ----------------------------------------------------------------------------- HF files, round 4
+def test_two_names_for_one_parameter_are_refused_naming_both(tmp_path):
+    """``transformer.h.0.ln_1.weight`` and ``h.0.ln_1.weight`` are one parameter once the
+    prefix is stripped: refused, rather than one copy silently winning."""
+    w = hf_weights()
+    w["transformer.h.0.ln_1.weight"] = w["h.0.ln_1.weight"] + 1
+    d = write_dir(tmp_path / "m", w)
+    with pytest.raises(CheckpointError) as e:
+        GPT.from_pretrained(d)
+    msg = str(e.value)
+    assert "'h.0.ln_1.weight'" in msg and "'transformer.h.0.ln_1.weight'" in msg, msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"scale_attn_weights": "false"},
+        {"scale_attn_weights": 1},
+        {"scale_attn_by_inverse_layer_idx": 0},
+        {"scale_attn_by_inverse_layer_idx": "false"},
+        {"add_cross_attention": ""},
+        {"reorder_and_upcast_attn": "false"},
+        {"tie_word_embeddings": None},  # transformers reads null as false: untied
+        {"tie_word_embeddings": "true"},
+    ],
+    ids=lambda f: f"{list(f)[0]}={json.dumps(list(f.values())[0])}",
+)
+def test_boolean_config_fields_must_be_json_booleans(tmp_path, field):
+    d = write_dir(tmp_path / "m", hf_weights(), dict(HF_CONFIG, **field))
+    with pytest.raises(CheckpointError, match=f"{list(field)[0]} must be true or false") as e:
+        GPT.from_pretrained(d)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"scale_attn_by_inverse_layer_idx": None}, {"add_cross_attention": None}],
+    ids=lambda f: list(f)[0],
+)
+def test_null_boolean_fields_that_mean_the_default_load(tmp_path, field):
+    w = hf_weights()
+    model = GPT.from_pretrained(write_dir(tmp_path / "m", w, dict(HF_CONFIG, **field)))
+    idx = np.random.default_rng(1).integers(0, 32, (2, 16))
+    np.testing.assert_allclose(model_logits(model, idx), reference_logits(w, idx), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "transformer.h.99.attn.bias",  # a block the 2-layer config has not
+        "h.2.attn.masked_bias",
+        "junk.attn.bias",
+        "transformer.h.01.attn.bias",
+        "lm_head.attn.bias",
+    ],
+)
+def test_a_mask_buffer_name_outside_the_model_is_an_unexpected_tensor(tmp_path, name):
+    w = hf_weights()
+    w[name] = np.ones((1, 1, 4, 4), np.float32)
+    d = write_dir(tmp_path / "m", w)
+    with pytest.raises(CheckpointError, match="unexpected tensor") as e:
+        GPT.from_pretrained(d)
+    assert repr(name) in str(e.value) and "\n" not in str(e.value)
+
+
+def _write_raw_safetensors(path, arrays: dict, empty_names) -> None:
+    """A safetensors file holding ``arrays`` and one empty F32 entry per name in empty_names."""
+    header, blobs, pos = {}, [], 0
+    for name in empty_names:
+        header[name] = {"dtype": "F32", "shape": [1, 1, 0, 0], "data_offsets": [0, 0]}
+    for name, a in arrays.items():
+        b = np.ascontiguousarray(a, np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [pos, pos + len(b)]}
+        blobs.append(b)
+        pos += len(b)
+    head = json.dumps(header).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def test_a_header_with_too_many_entries_is_refused(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(HF_CONFIG))
+    _write_raw_safetensors(
+        d / "model.safetensors", hf_weights(), (f"x{i}.attn.bias" for i in range(200_000))
+    )
+    with pytest.raises(CheckpointError, match="entries") as e:
+        GPT.from_pretrained(d)
+    assert "\n" not in str(e.value)

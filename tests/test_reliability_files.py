@@ -28,6 +28,7 @@ from tensorgrad.utils.data import (
     SubsetRandomSampler,
     WeightedRandomSampler,
     default_collate,
+    random_split,
 )
 
 REFUSED = r"^load: .*(not a tensorgrad file|corrupt)"
@@ -446,3 +447,170 @@ def test_other_samplers_terminate_or_refuse():
         # with replacement the draws are made lazily, so a huge num_samples costs nothing
         it = iter(WeightedRandomSampler([0.0, 1.0, 3.0], 10**10))
         assert all(next(it) in (1, 2) for _ in range(3000))
+
+
+# ----------------------------------------------------------------------------- round 4: writers
+def special_nodes(tmp_path) -> dict:
+    """Things that exist and are not regular files, all under tmp_path: a FIFO, a directory,
+    and (as root) a character device like /dev/null."""
+    nodes = {"fifo": tmp_path / "fifo", "dir": tmp_path / "dir"}
+    os.mkfifo(nodes["fifo"])
+    nodes["dir"].mkdir()
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes["chardev"] = tmp_path / "null"
+        os.mknod(nodes["chardev"], stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return nodes
+
+
+def test_the_atomic_writer_never_replaces_what_is_not_a_regular_file(tmp_path):
+    from gpt.store.checkpoint import atomic_write_bytes
+
+    for kind, p in special_nodes(tmp_path).items():
+        before = os.lstat(p)
+        with pytest.raises(OSError, match="not a regular file"):
+            atomic_write_bytes(p, b"data")
+        after = os.lstat(p)
+        assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), kind
+    atomic_write_bytes(tmp_path / "new", b"a")  # a missing path or a regular file: written
+    atomic_write_bytes(tmp_path / "new", b"b")
+    assert (tmp_path / "new").read_bytes() == b"b"
+
+
+def test_save_refuses_a_device_fifo_or_directory_in_one_line(tmp_path):
+    for kind, p in special_nodes(tmp_path).items():
+        before = os.lstat(p)
+        with no_hang(), pytest.raises(OSError) as e:
+            tg.save({"a": 1}, p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value), kind
+        assert "not a regular file" in str(e.value) or kind == "dir", str(e.value)
+        assert os.lstat(p).st_mode == before.st_mode, kind
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_save_through_a_symlink_writes_its_target_and_keeps_the_mode(tmp_path):
+    real, link = tmp_path / "real.tg", tmp_path / "link.tg"
+    real.write_text("old")
+    os.chmod(real, 0o640)
+    os.symlink("real.tg", link)
+    tg.save({"a": tg.ones(2)}, link)
+    assert link.is_symlink() and os.readlink(link) == "real.tg"
+    assert tg.load(real)["a"].tolist() == [1.0, 1.0]
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o640
+    tg.save({"a": 2}, real)  # a plain re-save keeps the mode too
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o640
+
+
+@pytest.mark.parametrize("name", ["", "a" * 300])
+def test_save_to_an_impossible_name_names_the_users_path(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OSError) as e:
+        tg.save({"a": 1}, name)
+    msg = str(e.value)
+    assert "\n" not in msg and ".tmp" not in msg and "save:" in msg, msg
+    assert repr(name)[:40] in msg or name[:40] in msg, msg
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        np.longdouble(1.5),
+        np.complex128(1 + 2j),
+        np.array([1 + 2j]),
+        np.array(["a"]),
+        np.array([None]),
+        np.zeros(2, dtype=[("a", "f4")]),
+        np.datetime64("2020-01-01"),
+    ],
+    ids=["longdouble", "complex128", "complex128[]", "str[]", "object[]", "struct", "datetime"],
+)
+def test_save_refuses_a_dtype_it_cannot_store_in_one_line(tmp_path, obj):
+    with pytest.raises((TypeError, ValueError), match=r"^save: cannot store dtype \S+") as e:
+        tg.save({"x": obj}, tmp_path / "x.tg")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "x.tg").exists()
+
+
+def test_save_stores_big_endian_arrays_by_value(tmp_path):
+    tg.save({"a": np.array([1.0, 2.0], ">f4"), "b": np.array([3], ">i8")}, tmp_path / "x.tg")
+    got = tg.load(tmp_path / "x.tg")
+    assert got["a"].tolist() == [1.0, 2.0] and got["b"].tolist() == [3]
+
+
+@pytest.mark.parametrize("shape", [[2**62, 2**62, 0], [2**64, 0], [0, 2**63 - 1, 2**63 - 1]])
+def test_load_refuses_a_shape_whose_size_overflows(tmp_path, shape):
+    p = tmp_path / "x.tg"
+    meta = {"tensorgrad.json": json.dumps({"__array__": "a"})}
+    st_file(p, {"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}, b"", meta)
+    assert "corrupt" in refused(p)
+
+
+# ----------------------------------------------------------------------------- round 4: collate
+@pytest.mark.parametrize(
+    "batch, dtype, values",
+    [
+        ([1, np.float64(2.5)], "float64", [1.0, 2.5]),
+        ([1, 2 + 0j], "complex64", [1, 2]),
+        ([1, np.float16(2)], "float16", [1.0, 2.0]),
+        ([np.int64(1), np.float32(2)], "float32", [1.0, 2.0]),
+        ([1, 2 + 0j, np.float64(1)], "complex128", [1, 2, 1]),
+        ([True, np.uint8(3)], "uint8", [1, 3]),
+        ([1, -(2**63)], "int64", [1, -(2**63)]),
+    ],
+)
+def test_collate_infers_numbers_dtype_as_pytorch(batch, dtype, values):
+    out = default_collate(batch).numpy()
+    assert out.dtype == np.dtype(dtype) and out.tolist() == values
+
+
+@pytest.mark.parametrize(
+    "batch, error",
+    [
+        ([2**64], ValueError),
+        ([1, 2**63], ValueError),
+        ([1, "a"], TypeError),
+        ([1, None], RuntimeError),
+        ([1.5, None], TypeError),
+        ([1.5, "a"], TypeError),
+        ([np.datetime64("2020-01-01")] * 2, TypeError),
+        ([np.array(["2020-01-01"], "datetime64[D]")] * 2, TypeError),
+        ([1 + 2j], TypeError),
+    ],
+    ids=str,
+)
+def test_collate_refuses_what_pytorch_refuses_in_one_line(batch, error):
+    with pytest.raises(error) as e:
+        default_collate(batch)
+    assert "\n" not in str(e.value)
+
+
+def test_collate_keeps_transposed_strings_a_tuple_as_pytorch():
+    ints, strs = default_collate([(1, "a"), (2, "b")])
+    assert ints.tolist() == [1, 2] and strs == ("a", "b")
+
+
+def test_weighted_sampler_replacement_must_be_a_bool():
+    with pytest.raises(ValueError, match="replacement"):
+        WeightedRandomSampler([1, 1], 2, replacement="no")
+
+
+class _ForeignGenerator:  # a torch.Generator-like object that is not tensorgrad's
+    pass
+
+
+@pytest.mark.parametrize("gen", [5, "x", _ForeignGenerator()], ids=["int", "str", "foreign"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda g: list(RandomSampler(range(3), generator=g)),
+        lambda g: list(RandomSampler(range(3), replacement=True, generator=g)),
+        lambda g: list(SubsetRandomSampler([0, 1], generator=g)),
+        lambda g: list(WeightedRandomSampler([1, 1], 2, generator=g)),
+        lambda g: random_split(range(4), [2, 2], generator=g),
+    ],
+    ids=["random", "random-replacement", "subset", "weighted", "random_split"],
+)
+def test_a_generator_that_is_not_tensorgrads_is_one_type_error(make, gen):
+    with pytest.raises(TypeError, match="tensorgrad.Generator") as e:
+        make(gen)
+    assert "\n" not in str(e.value)

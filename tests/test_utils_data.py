@@ -197,7 +197,8 @@ def test_default_collate_nested_structures():
     assert out["img"].shape == (3, 2, 2) and out["img"].dtype == np.float32
     assert ints(out["label"]) == [0, 1, 2] and out["label"].dtype == np.int64
     meta = out["meta"]
-    assert isinstance(meta, list) and meta[1] == ["n", "n", "n"]  # a tuple becomes a list
+    # the outer tuple becomes a list; the strings stay the tuple zip made, as in PyTorch
+    assert isinstance(meta, list) and meta[1] == ("n", "n", "n")
     assert isinstance(meta[0], Point) and ints(meta[0].x) == [0, 1, 2]
     assert meta[0].y.dtype == np.float64
     assert default_collate([np.int16(1), np.int16(2)]).dtype == np.int16

@@ -231,6 +231,15 @@ def _add_training_args(ap) -> None:
 
 
 def _check_args(ap, args):
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes that are not UTF-8 reach sys.argv as lone surrogates
+        bad = args.prompt[e.start : e.end]
+        try:
+            shown = repr(bad.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+            shown = ascii(bad)
+        ap.error(f"--prompt is not valid UTF-8 text ({shown} at character {e.start})")
     if args.element is not None and len(args.element) != 2:
         ap.error("--element takes row,col")
     if not 2 <= args.max_tokens <= TOKEN_LIMIT:

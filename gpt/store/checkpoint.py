@@ -8,10 +8,12 @@ HuggingFace GPT-2 directories (config.json + model.safetensors).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -38,11 +40,15 @@ def atomic_write_bytes(path, data) -> None:
     see the old file or the new one, never half of one: the project's one atomic writer.
 
     A temporary file next to ``path`` is written, flushed and fsynced, renamed over ``path``,
-    and the directory is fsynced so that the rename itself is durable.
+    and the directory is fsynced so that the rename itself is durable. A path that exists and
+    is not a regular file (a device, a FIFO, a directory) is refused: the rename would replace it.
     """
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
+    if path.exists() and not path.is_file():  # (a symbolic link: what it points to)
+        # the rename would put a regular file where a device, FIFO or directory was
+        raise OSError(errno.EINVAL, f"{path} is not a regular file: it was left as it is")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -173,6 +179,17 @@ _HF_FIXED = {
     "scale_attn_by_inverse_layer_idx": (False, "no scaling by 1 / (layer index + 1)"),
     "add_cross_attention": (False, "no cross-attention blocks"),
 }
+# fields transformers reads by truthiness: "false" or 0 would be read unlike what it says, so
+# each must be a JSON boolean; null is the default where transformers reads it as that default
+# (it reads a null tie_word_embeddings as false, gpt as true: refused)
+_HF_BOOLS = (
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "add_cross_attention",
+    "reorder_and_upcast_attn",
+    "tie_word_embeddings",
+)
+_HF_NULL_OK = ("scale_attn_by_inverse_layer_idx", "add_cross_attention", "reorder_and_upcast_attn")
 # GPT2Config.attribute_map: the other names transformers accepts for four fields
 _HF_ALIASES = {
     "hidden_size": "n_embd",
@@ -196,6 +213,10 @@ def hf_config(d, where: str = "config.json") -> GPTConfig:
             if alias in d:
                 d[name] = d.pop(alias)
     fields = hf_model_config(d, where)
+    for key in _HF_BOOLS:
+        v = d.get(key)
+        if key in d and not isinstance(v, bool) and not (v is None and key in _HF_NULL_OK):
+            raise CheckpointError(f"{where}: {key} must be true or false, got {_value(v)}")
     if d.get("model_type", "gpt2") != "gpt2":
         raise CheckpointError(
             f"{where}: model_type {_value(d['model_type'])} is not supported (gpt loads 'gpt2')"
@@ -227,11 +248,30 @@ def _value(v) -> str:
     return f"(a JSON {type(v).__name__})"
 
 
-def _hf_name(k: str) -> str | None:
-    """Our parameter name for a HF GPT-2 tensor name; None for the causal-mask buffers."""
-    if k.endswith((".attn.bias", ".attn.masked_bias")):
-        return None
-    return k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
+_MASK_BUFFER = re.compile(r"transformer\.h\.(0|[1-9][0-9]{0,5})\.attn\.(bias|masked_bias)")
+
+
+def _hf_names(path: Path, header: dict, config: GPTConfig) -> dict:
+    """HF GPT-2 tensor name -> our parameter name, or None for a causal-mask buffer of one of
+    the config's blocks (skipped, never read). Two file names for one parameter (with and
+    without the ``transformer.`` prefix) are refused, naming both."""
+    names, seen = {}, {}
+    for k in header:
+        name = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
+        if name in seen:
+            raise CheckpointError(
+                f"{path} names one tensor twice: {seen[name]!r} and {k!r} are both {name!r}"
+            )
+        seen[name] = k
+        m = _MASK_BUFFER.fullmatch(name)
+        names[k] = None if m and int(m.group(1)) < config.n_layer else name
+    return names
+
+
+def _hf_header(path: Path, config: GPTConfig) -> dict:
+    """model.safetensors' header, refused with more entries than a GPT-2 of config can hold
+    (16 a block and a few more) before any entry is checked."""
+    return read_header(path, max_entries=16 * config.n_layer + 32)
 
 
 def check_hf_dir(path) -> GPTConfig:
@@ -253,19 +293,27 @@ def check_hf_dir(path) -> GPTConfig:
     config = hf_config(read_json(path / "config.json", 1 << 20), str(path / "config.json"))
     need = estimate_bytes(config, train=False)
     check_memory(need, f"the GPT-2 in {path} ({gib(need // 12)} of weights)")
-    header = {}
-    for k, t in read_header(st).items():
-        name = _hf_name(k)
-        if name is None:
-            _check_mask_buffer(st, k, t, config)
-            continue
-        shape = t["shape"][::-1] if name.endswith(_CONV1D) else t["shape"]
-        header[name] = dict(t, shape=shape)
     want = expected_shapes(config)
     optional = ()
     if config.tie_weights:  # some exports repeat the tied matrix as lm_head.weight
         want["lm_head.weight"] = want["transformer.wte.weight"]
         optional = ("lm_head.weight",)
+    header = {}
+    raw = _hf_header(st, config)
+    names = _hf_names(st, raw, config)
+    extra = [k for k, name in names.items() if name is not None and name not in want]
+    if extra:  # named as the file names it
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(
+            f"{st} does not fit the model config: it has the unexpected tensor {extra[0]!r}{more}"
+        )
+    for k, name in names.items():
+        t = raw[k]
+        if name is None:
+            _check_mask_buffer(st, k, t, config)
+            continue
+        shape = t["shape"][::-1] if name.endswith(_CONV1D) else t["shape"]
+        header[name] = dict(t, shape=shape)
     check_tensors(st, header, want, dtypes=("F32", "F16", "F64"), optional=optional)
     return config
 
@@ -287,12 +335,11 @@ def load_hf_gpt2(cls, path: Path):
     (in, out) weights are transposed."""
     config = check_hf_dir(path)
     st = Path(path) / "model.safetensors"
-    raw = load_arrays(st, names={k for k in read_header(st) if _hf_name(k) is not None})
+    names = _hf_names(st, _hf_header(st, config), config)
+    raw = load_arrays(st, names={k for k, name in names.items() if name is not None})
     state = {}
     for k, v in raw.items():
-        name = _hf_name(k)
-        if name is None:
-            continue
+        name = names[k]
         if name.endswith(_CONV1D):
             v = v.T
         state[name] = np.ascontiguousarray(v, dtype=np.float32)

@@ -205,9 +205,10 @@ def regular_file(path: Path, what: str, max_bytes: int) -> int:
 
 
 # ----------------------------------------------------------------------------- safetensors
-def read_header(path: Path) -> dict:
+def read_header(path: Path, max_entries: int | None = None) -> dict:
     """name -> {'dtype', 'shape', 'data_offsets'} from a safetensors file, reading only its
-    header; checks that the offsets tile the data exactly and the file has that size."""
+    header; checks that the offsets tile the data exactly and the file has that size. With
+    ``max_entries``, a header naming more tensors is refused before any entry is checked."""
     size = regular_file(path, "a safetensors file", 1 << 44)
     bad = f"{path} is not a valid safetensors file"
     try:
@@ -226,6 +227,11 @@ def read_header(path: Path) -> dict:
     if not isinstance(header, dict):
         raise CheckpointError(f"{bad} (its header is not a JSON object)")
     header.pop("__metadata__", None)
+    if max_entries is not None and len(header) > max_entries:
+        raise CheckpointError(
+            f"{path} does not fit the model config: its header has {len(header):,} entries, "
+            f"more than the {max_entries:,} this model can hold"
+        )
     spans = []
     for name, t in header.items():
         ok = (

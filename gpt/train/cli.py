@@ -7,6 +7,7 @@ import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 
 from .. import dist_train
 from ..config import GPTConfig
@@ -22,7 +23,14 @@ from .flags import resolve_config
 from .guards import Diverged
 from .loop import train as train_loop
 from .progress import Metrics, Progress
-from .setup import TrainRun, describe, resume_command, sample_command, setup
+from .setup import (
+    TrainRun,
+    check_out_dir,
+    describe,
+    resume_command,
+    sample_command,
+    setup,
+)
 from .signals import Interrupted, StopFlag, handle_signals
 from .state import save_checkpoint
 
@@ -37,6 +45,7 @@ def train(argv: list[str] | None, stop: StopFlag) -> int:
     """The training script; stop.signal is set by the SIGINT/SIGTERM handler."""
     c, ckpt, control = resolve_config(argv)
     validate(c)
+    check_out_dir(Path(c.out_dir), ckpt is not None, control["overwrite"])
     ddp = dist_train.setup(c, UsageError)  # this process's rank (one, without mpiexec)
     if ckpt is not None:
         rc.check_model_file(c.out_dir, ckpt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -101,6 +102,21 @@ def clear_checkpoint(out: Path) -> None:
         (d / rc.CKPT_JSON).unlink(missing_ok=True)
         for f in [*d.glob("model-*.safetensors"), *d.glob("optim-*.safetensors")]:
             f.unlink(missing_ok=True)  # (another rank may delete it first)
+
+
+def check_out_dir(out: Path, resumed: bool, overwrite: bool) -> None:
+    """Refuse an --out-dir whose metrics.jsonl or loss.png gpt-train would replace unasked:
+    one that is not a regular file (a device, a FIFO), or a directory that is not a run (no
+    checkpoint) holding them, unless --overwrite says so."""
+    names = [n for n in ("metrics.jsonl", "loss.png") if os.path.lexists(out / n)]
+    for n in names:
+        if os.path.exists(out / n) and not os.path.isfile(out / n):
+            raise UsageError(f"{out / n} is not a regular file: choose another --out-dir")
+    if names and not resumed and not overwrite and not rc.has_checkpoint(out):
+        raise UsageError(
+            f"{out} holds {'/'.join(names)} but no gpt-train checkpoint: choose another "
+            "--out-dir or pass --overwrite"
+        )
 
 
 def _data(c: TrainConfig, ckpt: dict | None, ddp) -> tuple[Path, dict, object]:

@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MAX_BODY = 64 * 1024  # a prompt is cut to max_tokens anyway
 MAX_CONNECTIONS = 16
 REQUEST_TIMEOUT = 10.0  # seconds a client has to send its whole request (and for each write)
-LINGER = 2.0  # seconds to discard what a refused client still sends, so that it reads the answer
+LINGER = 2.0  # seconds in all to discard what a refused client still sends, so it reads the answer
 MAX_INDEX = 1 << 20  # the largest block, head or position a request may name
 STEP_FIELDS = ("prompt", "layer", "head", "position")
 
@@ -205,6 +205,17 @@ class CalmHandler(BaseHTTPRequestHandler):
         self.rfile.close()  # the plain reader, replaced by one with the request's deadline
         self.rfile = io.BufferedReader(DeadlineReader(self.connection, self.server.request_timeout))
 
+    def parse_request(self) -> bool:
+        """The standard parser, less HTTP/0.9: ``GET /`` alone is answered 400 at once (the
+        standard library would go on to read headers that such a client never sends)."""
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        if len(self.requestline.split()) == 2:
+            self.command, self.request_version = None, "HTTP/1.0"
+            self.close_connection = True
+            self.send_error(400, "HTTP/0.9 requests are not served: send 'GET / HTTP/1.1'")
+            return False
+        return super().parse_request()
+
     def log_message(self, format, *args):
         pass  # one line per request would bury the URL printed at the start
 
@@ -325,10 +336,15 @@ class CalmServer(ThreadingHTTPServer):
     def shutdown_request(self, request):
         """Close after the answer, first reading what the client still sends (a refused body):
         closing with unread data resets the connection, and the client may lose the answer."""
+        seconds = min(LINGER, self.request_timeout)
+        deadline = time.monotonic() + seconds  # one deadline for the drain, not one per read
         try:
             request.shutdown(socket.SHUT_WR)
-            request.settimeout(LINGER)
             for _ in range(16):  # at most 1 MiB
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                request.settimeout(left)
                 if not request.recv(65536):
                     break
         except OSError:

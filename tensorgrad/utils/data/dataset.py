@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ...factory import randperm
 from ...tensor import Tensor
+from .sampler import check_generator
 
 
 class Dataset:
@@ -119,6 +120,7 @@ def random_split(dataset: Dataset, lengths, generator=None) -> list[Subset]:
     adding up to ``len(dataset)``, or fractions adding up to 1: each gets floor(n * f), the
     remainder going one each to the first splits). One permutation from ``generator`` (default:
     the global one, so ``tensorgrad.manual_seed`` repeats it)."""
+    check_generator(generator, "random_split")
     sizes = _split_lengths(len(dataset), lengths)
     perm = randperm(sum(sizes), generator=generator).tolist()
     out, start = [], 0

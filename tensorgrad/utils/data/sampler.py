@@ -9,9 +9,20 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ...factory import multinomial, randint, randperm, tensor
+from ...factory import Generator, multinomial, randint, randperm, tensor
 
 _CHUNK = 1024  # indices drawn at a time with replacement (num_samples may be 1e10)
+
+
+def check_generator(generator, who: str):
+    """``generator`` unless it is neither None nor a tensorgrad.Generator (a torch.Generator,
+    a seed): one TypeError naming what is expected."""
+    if generator is not None and not isinstance(generator, Generator):
+        raise TypeError(
+            f"{who}: generator must be a tensorgrad.Generator or None, "
+            f"got {type(generator).__name__}"
+        )
+    return generator
 
 
 def check_batch_args(batch_size, drop_last) -> None:
@@ -61,7 +72,8 @@ class RandomSampler(Sampler):
                 f"RandomSampler: num_samples must be a positive integer, got {num_samples!r}"
             )
         self.data_source, self.replacement = data_source, replacement
-        self._num_samples, self.generator = num_samples, generator
+        self._num_samples = num_samples
+        self.generator = check_generator(generator, "RandomSampler")
 
     @property
     def num_samples(self) -> int:
@@ -92,7 +104,8 @@ class SubsetRandomSampler(Sampler):
     """The given ``indices`` in a random order (a new one each epoch)."""
 
     def __init__(self, indices: Sequence[int], generator=None):
-        self.indices, self.generator = indices, generator
+        self.indices = indices
+        self.generator = check_generator(generator, "SubsetRandomSampler")
 
     def __iter__(self):
         for i in randperm(len(self.indices), generator=self.generator).tolist():
@@ -112,6 +125,12 @@ class WeightedRandomSampler(Sampler):
             raise ValueError(
                 f"WeightedRandomSampler: num_samples must be a positive integer, got {num_samples!r}"
             )
+        if not isinstance(replacement, bool):
+            raise ValueError(
+                "WeightedRandomSampler: replacement should be a boolean value, "
+                f"but got replacement={replacement!r}"
+            )
+        check_generator(generator, "WeightedRandomSampler")
         self.weights = tensor(np.asarray(weights, dtype=np.float64))
         if self.weights.ndim != 1:
             raise ValueError("WeightedRandomSampler: weights must be a 1-d sequence")
