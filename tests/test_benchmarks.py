@@ -63,3 +63,14 @@ def test_small_tensor_cases_compute_what_torch_computes():
         assert tg_value == pytest.approx(torch_value, rel=1e-5), case
         assert len(res["tensorgrad"][case]["ratio_to_last"]) == 1
     assert "| mlp | torch |" in _small_report(res, same_process=True)
+
+
+def test_edits_benchmark_runs_each_edit_and_restores_the_model():
+    """benchmarks.edits patches gpt.model's classes for a run and puts them back."""
+    from benchmarks import edits
+    from gpt import model as gm
+
+    before = (gm.MLP.forward, gm.Block.forward, gm.nn.LayerNorm)
+    for name, patches in edits._edits().items():
+        assert edits.step_ms("gpt-nano", patches, True, reps=1) > 0, name
+    assert (gm.MLP.forward, gm.Block.forward, gm.nn.LayerNorm) == before
