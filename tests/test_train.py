@@ -523,3 +523,23 @@ def test_fine_tune_from_a_gpt2_directory(corpus, tmp_path, capsys):
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
     ckpt = json.loads((out / "ckpt.json").read_text())
     assert ckpt["iter"] == 3
+
+
+def test_gpt_train_compiles_by_default_and_says_what(corpus, tmp_path, capsys):
+    """The default run compiles the model and says what after its second step; --no-compile
+    runs eagerly and says nothing of it; both give the same losses (to float32 rounding)."""
+    args = ["--data", str(corpus), *TINY, "--dropout", "0.0", "--max-iters", "4"]
+    args += ["--eval-interval", "4"]
+    assert train.main([*args, "--out-dir", str(tmp_path / "c")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "compiled" in line]
+    assert len(said) == 1 and said[0].startswith("compiled: the model's forward, ")
+    if tg.kernels.is_enabled():
+        assert "1 GPT-2 blocks as the fused block kernel" in said[0]
+    assert train.main([*args, "--out-dir", str(tmp_path / "e"), "--no-compile"]) == 0
+    assert "compiled" not in capsys.readouterr().err
+    losses = [
+        [json.loads(r)["loss"] for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+         if '"loss"' in r]
+        for d in ("c", "e")
+    ]  # fmt: skip
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

@@ -96,12 +96,16 @@ class Progress:
             return
         self.compile_said = True
         if s["compiled"]:
-            fused = s["fused"][-1]
+            made = [
+                f"{s['composites'][-1]} GPT-2 blocks as the fused block kernel",
+                f"{s['fused'][-1]} elementwise runs as generated kernels",
+            ]
+            made = [m for m, n in zip(made, (s["composites"][-1], s["fused"][-1])) if n]
             self.write(
-                f"compiled: the model's forward replays {s['ops'][-1]} ops as one graph node "
-                f"({s['kernels'][-1]} of them kernels"
-                + (f", {fused} runs fused into generated kernels" if fused else "")
-                + f"); traced in {s['trace_s']:.1f} s"
+                f"compiled: the model's forward, {s['ops'][-1]} traced ops, replays as "
+                f"{s['steps'][-1]} steps"
+                + (f" ({'; '.join(made)})" if made else "")
+                + f"; traced in {s['trace_s']:.1f} s"
             )
         for reason in s["eager"]:
             self.write(f"not compiled: the model's forward runs eagerly: {reason}")

@@ -122,7 +122,11 @@ class CompiledForward:
             return out
         # composites as kernels, elementwise runs as generated ones (the first trace's plan
         # serves the second, which is the same graph)
-        graph.plan = plan(graph) if entry is None else entry[1].plan
+        if entry is None:
+            graph.plan = plan(graph)
+            graph.composites = _composites(graph)
+        else:
+            graph.plan, graph.composites = entry[1].plan, entry[1].composites
         self.entries[key] = ("seen" if entry is None else "ready", graph)
         self.trace_s += time.perf_counter() - t0
         if graph.device != "cpu":
@@ -163,10 +167,17 @@ class CompiledForward:
             "ops": [len(g.steps) for g in ready],
             "kernels": [sum(s.impl is not s.cls for s in g.steps) for g in ready],
             "fused": [sum(issubclass(s.impl, FusedElementwise) for s in g.plan) for g in ready],
+            "composites": [g.composites for g in ready],
             "steps": [len(g.plan) for g in ready],
             "eager": eager,
             "trace_s": self.trace_s,
         }
+
+
+def _composites(g: Graph) -> int:
+    """Steps of the plan that stand for a window of traced ops matched by a pattern."""
+    traced = {id(s) for s in g.steps}
+    return sum(id(s) not in traced and not issubclass(s.impl, FusedElementwise) for s in g.plan)
 
 
 def _random_state(state=None):

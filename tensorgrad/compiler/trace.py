@@ -68,6 +68,7 @@ class Graph:
     plan: list = field(default_factory=list)  # the steps replay runs (fuse.py: runs fused)
     device: str = "cpu"  # where the live inputs are (kernels are generated for the CPU only)
     used: list = field(default_factory=list)  # the input slots some step or output reads
+    composites: int = 0  # plan steps that stand for a window matched by a pattern
 
     def output_slots(self) -> list:
         """The slots of the tensors in the forward's result, in order."""
