@@ -390,3 +390,57 @@ def test_nothing_is_fused_with_the_kernels_off(monkeypatch):
     for _ in range(3):
         y = f(tg.randn(4, 4, requires_grad=True))
     assert node(y) == "Replay" and fused_names(f) == ["Mul", "Tanh", "Add"]
+
+
+# ---------------------------------------------------------------------- the gradient contract
+
+
+class WrongShapeGrad(tg.autograd.Op):
+    """An op whose backward breaks the contract (a gradient of the wrong shape)."""
+
+    def forward(self, x):
+        return x * 2
+
+    def backward(self, g):
+        return g.sum(0)
+
+
+def test_a_wrong_gradient_raises_in_a_replayed_graph_as_in_eager_mode():
+    f = tg.compile(lambda x: WrongShapeGrad.apply(x * 1.5).sum())
+    for _ in range(3):
+        x = tg.randn(3, 4, requires_grad=True)
+        with pytest.raises(RuntimeError, match="WrongShapeGrad.backward returned a gradient"):
+            f(x).backward()
+
+
+def test_a_comparison_of_traced_values_runs_eagerly_even_with_the_same_inputs():
+    """x > 0 is computed outside the tape: with the same input in both traced calls the two
+    traces agree, so the trace itself must see it (else the third call would replay the first
+    call's mask)."""
+    f = tg.compile(lambda x: (x * 2).masked_fill(x > 0, 0.0))
+    x = tg.randn(5)
+    with pytest.warns(CompileWarning, match="a comparison of a traced tensor"):
+        f(x), f(x)
+    y = tg.randn(5)
+    np.testing.assert_array_equal(f(y).numpy(), (y * 2).masked_fill(y > 0, 0.0).numpy())
+
+
+def test_a_parameter_read_only_where_no_gradient_flows_gets_none_as_in_eager_mode():
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.limit = nn.Linear(3, 3), nn.Parameter(tg.ones(3))
+
+        def forward(self, x):
+            return self.lin(x) * self.limit.detach()  # its value, with no gradient
+
+    compiled, eager = twins(Gate)
+    tg.compile(compiled)
+    for _ in range(3):
+        x = tg.randn(4, 3)
+        for m in (compiled, eager):
+            m.zero_grad()
+            m(x).sum().backward()
+        assert compiled.limit.grad is None and eager.limit.grad is None
+        np.testing.assert_allclose(compiled.lin.weight.grad.numpy(), eager.lin.weight.grad.numpy())
+    assert compiled_forward(compiled).summary()["compiled"] == 1

@@ -136,7 +136,13 @@ class CompiledForward:
         return self._replay(graph, live)
 
     def _replay(self, graph: Graph, live):
-        outs = Replay.apply(*(live[s] for s in graph.used), graph=graph)
+        args = [
+            live[s].detach()
+            if s not in graph.grad_used and isinstance(live[s], Tensor) and live[s].requires_grad
+            else live[s]
+            for s in graph.used
+        ]
+        outs = Replay.apply(*args, graph=graph)
         it = iter(outs)
 
         def build(leaf):

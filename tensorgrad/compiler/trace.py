@@ -69,6 +69,7 @@ class Graph:
     device: str = "cpu"  # where the live inputs are (kernels are generated for the CPU only)
     used: list = field(default_factory=list)  # the input slots some step or output reads
     composites: int = 0  # plan steps that stand for a window matched by a pattern
+    grad_used: set = field(default_factory=set)  # slots some step's gradient flows back to
 
     def output_slots(self) -> list:
         """The slots of the tensors in the forward's result, in order."""
@@ -101,6 +102,10 @@ class Tracer:
             self.graph.meta.append((tuple(a.shape), a.dtype))
             if backend.device_of(a) != "cpu":
                 self.graph.device = backend.device_of(a)
+
+    def traced(self, x) -> bool:
+        """Whether x is a value of the trace (a live input or an op's output)."""
+        return isinstance(x, Tensor) and (id(x) in self.slot_of or id(x._array) in self.slot_of)
 
     def fail(self, reason: str) -> None:
         if self.graph.reason is None:
@@ -161,6 +166,10 @@ class Tracer:
         g.outputs = self._outputs(result)
         read = {v for st in g.steps for kind, v in [*st.ins, *st.kwargs.values()] if kind == "v"}
         g.used = sorted(s for s in read | set(g.output_slots()) if s < g.n_inputs)
+        # inputs some gradient flows back to (the others are passed detached: an input read
+        # only where no gradient flows, a comparison say, gets none, as in eager mode)
+        g.grad_used = {v for st in g.steps for (k, v), n in zip(st.ins, st.needs) if k == "v" and n}
+        g.grad_used |= set(g.output_slots())
         return g
 
     def _outputs(self, r):
@@ -175,6 +184,10 @@ class Tracer:
 
 
 _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
+# Tensor methods whose results are computed outside the tape (no op records them): on a traced
+# value, replay would reuse the result of the trace as a constant
+_OFF_TAPE = ("_compare", "__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax")
+_OFF_TAPE += ("argmin", "_no_grad_binary", "nonzero")
 
 
 @contextlib.contextmanager
@@ -197,6 +210,17 @@ def tracing(tracer: Tracer):
         return get(*args, **kwargs)
 
     array = Tensor.array
+    off_tape = {name: getattr(Tensor, name) for name in _OFF_TAPE if hasattr(Tensor, name)}
+    own = {name for name in [*saved, *off_tape] if name in vars(Tensor)}  # not inherited
+
+    def computed_off_tape(name, method):
+        def compute(self, *args, **kwargs):
+            if tracer in tape.op_observers and any(tracer.traced(t) for t in (self, *args)):
+                what = {"_compare": "a comparison", "_no_grad_binary": "// or %"}.get(name, name)
+                tracer.fail(f"it computes {what} of a traced tensor, which no op records")
+            return method(self, *args, **kwargs)
+
+        return compute
 
     def read_array(self):
         # tensorgrad's own code passes arrays to ops (which the trace sees); code outside it
@@ -208,6 +232,8 @@ def tracing(tracer: Tracer):
 
     for name, method in saved.items():
         setattr(Tensor, name, reader(name, method))
+    for name, method in off_tape.items():
+        setattr(Tensor, name, computed_off_tape(name, method))
     Tensor.array = property(read_array, array.fset, doc=array.__doc__)
     backend.generators.get = counting_get
     tape.op_observers.append(tracer)
@@ -216,8 +242,11 @@ def tracing(tracer: Tracer):
     finally:
         tape.op_observers.remove(tracer)
         del backend.generators.get  # the instance attribute: the class's method again
-        for name, method in saved.items():
-            setattr(Tensor, name, method)
+        for name, method in {**saved, **off_tape}.items():
+            if name in own:
+                setattr(Tensor, name, method)
+            else:
+                delattr(Tensor, name)  # inherited from a mixin: uncover it again
         Tensor.array = array
 
 
