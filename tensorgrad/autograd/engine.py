@@ -267,7 +267,7 @@ def _run_node(fn: Op, gys, create_graph: bool, sink: _Sink):
         gxs = fn.backward(*gys)
     if not isinstance(gxs, tuple):
         gxs = (gxs,)
-    _check_grads(fn, gxs)
+    check_grads(fn, gxs)
     return gxs
 
 
@@ -415,7 +415,7 @@ def register_hook(t, hook) -> RemovableHandle:
 # ----------------------------------------------------------------------------- the contract
 
 
-def _check_grads(fn: Op, gxs) -> None:
+def check_grads(fn: Op, gxs) -> None:
     """The gradient contract: one gradient per input, each exactly its input's shape and a
     float dtype equal to the input's; never None for an input that requires grad, unless
     the op lists that input in ``non_differentiable`` (PyTorch raises there too) or is a

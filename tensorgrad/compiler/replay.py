@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import graph as tape
+from ..autograd.engine import check_grads
 from ..autograd.engine import grad as autograd_grad
 from ..backend import get_array_module
 from .trace import Graph
@@ -78,12 +79,15 @@ class Replay(tape.Op):
             gxs = fn.backward(*gouts)
             if not isinstance(gxs, tuple):
                 gxs = (gxs,)
-            for i, (ref, need, gx) in enumerate(zip(st.ins, st.needs, gxs)):
-                if not need or ref[0] != "v":
-                    continue
-                s = ref[1]
-                _check(fn, st, i, gx, graph.meta[s])
-                if gx is not None:
+            # the gradient contract, checked as the eager walk checks it
+            fn.in_meta = [
+                graph.meta[r[1]] if need and r[0] == "v" else None
+                for r, need in zip(st.ins, st.needs)
+            ]
+            check_grads(fn, gxs)
+            for ref, need, gx in zip(st.ins, st.needs, gxs):
+                if need and gx is not None and ref[0] == "v":
+                    s = ref[1]
                     grads[s] = gx if grads[s] is None else grads[s] + gx
         self.fns = []
         return tuple(grads[s] for s in graph.used)
@@ -119,21 +123,3 @@ class Replay(tape.Op):
         for (k, _), g in zip(wrt, gs):
             out[k] = g
         return tuple(out)
-
-
-def _check(fn, st, i: int, gx, meta) -> None:
-    """The gradient contract, as the eager walk checks it: each input that needs a gradient
-    gets one of its shape and dtype, or None where the op declares that it has none."""
-    if gx is None:
-        if fn.none_is_no_gradient or i in st.cls.non_differentiable:
-            return
-        raise RuntimeError(
-            f"{st.impl.__name__}.backward returned no gradient for input {i}, which requires "
-            "grad (in a compiled graph)"
-        )
-    if tuple(gx.shape) != tuple(meta[0]) or gx.dtype != meta[1]:
-        raise RuntimeError(
-            f"{st.impl.__name__}.backward returned a gradient of shape {tuple(gx.shape)} and "
-            f"dtype {gx.dtype} for input {i} of shape {tuple(meta[0])} and dtype {meta[1]} "
-            "(in a compiled graph)"
-        )
