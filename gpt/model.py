@@ -175,20 +175,15 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def _check_idx(self, idx):
-        idx = as_array(idx)
+        """idx as a (B, T) integer Tensor. Its values are not read here (a compiled forward
+        would replay past such a read): the embedding checks each id is in the vocabulary."""
+        idx = tg.as_tensor(idx)
         if idx.ndim == 1:
-            idx = idx[None, :]
+            idx = idx.unsqueeze(0)
         if idx.ndim != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         if idx.dtype.kind not in "iu":
             raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
-        V = self.config.vocab_size
-        if idx.size:
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= V:
-                raise ValueError(
-                    f"token id {lo if lo < 0 else hi} is outside [0, {V}) (vocab_size)"
-                )
         return idx
 
     def _masks(self, idx, attention_mask, doc_sep, offset: int, S: int):
@@ -198,6 +193,7 @@ class GPT(nn.Module):
         pos = xp.arange(offset, offset + T)[None, :]
         if attention_mask is None and doc_sep is None:
             return pos, None
+        idx = as_array(idx)  # the masks are computed in NumPy from the ids (tg.compile: eager)
         allowed = F.causal_mask(xp, T, S)[None]  # (1, T, S)
         if attention_mask is not None:
             am = as_array(attention_mask).astype(bool)

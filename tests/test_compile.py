@@ -444,3 +444,42 @@ def test_a_parameter_read_only_where_no_gradient_flows_gets_none_as_in_eager_mod
         assert compiled.limit.grad is None and eager.limit.grad is None
         np.testing.assert_allclose(compiled.lin.weight.grad.numpy(), eager.lin.weight.grad.numpy())
     assert compiled_forward(compiled).summary()["compiled"] == 1
+
+
+@pytest.mark.parametrize(
+    "mask_of",
+    [lambda x: tg.tensor(tg.as_array(x) > 0), lambda x: tg.tensor(x) > 0],
+    ids=["as_array", "tg.tensor"],
+)
+def test_an_array_taken_through_a_conversion_runs_eagerly(mask_of):
+    """as_array(t) and tg.tensor(t) hand the caller a traced tensor's values: what the caller
+    computes from them the trace cannot see (a mask from the input, here)."""
+    f = tg.compile(lambda x: (x * 2).masked_fill(mask_of(x), 0.0))
+    x = tg.randn(5)
+    with pytest.warns(CompileWarning, match="reads a tensor's array"):
+        f(x), f(x)
+    y = tg.randn(5)
+    np.testing.assert_array_equal(f(y).numpy(), (y * 2).masked_fill(y > 0, 0.0).numpy())
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["array ids", "tensor ids"])
+@pytest.mark.parametrize("masks", ["doc_sep", "attention_mask"])
+def test_a_compiled_gpt_builds_its_masks_from_each_calls_ids(masks, as_tensor):
+    """The GPT builds attention masks from the token ids in Python: with the same ids in both
+    traced calls a replay would reuse the first call's masks, so the forward runs eagerly."""
+    compiled, eager = gpt_pair(dropout=0.0)
+    tg.compile(compiled)
+    g = np.random.default_rng(0)
+    same = g.integers(0, 11, (2, 16))
+    calls = [(same, 16), (same, 16), (g.integers(0, 11, (2, 16)), 9), (same[::-1], 12)]
+    with pytest.warns(CompileWarning, match="reads a tensor's array"):
+        for idx, n in calls:
+            idx = tg.tensor(idx) if as_tensor else idx
+            if masks == "doc_sep":
+                kw = {"doc_sep": 3}
+            else:
+                kw = {"attention_mask": tg.tensor(np.arange(16)[None].repeat(2, 0) < n).long()}
+            got = compiled(idx, **kw)[0].detach().numpy()
+            want = eager(idx, **kw)[0].detach().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert compiled_forward(compiled).summary()["compiled"] == 0

@@ -188,6 +188,11 @@ _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__",
 # value, replay would reuse the result of the trace as a constant
 _OFF_TAPE = ("_compare", "__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax")
 _OFF_TAPE += ("argmin", "_no_grad_binary", "nonzero")
+_CONVERSIONS = ("as_array", "tensor")  # tensorgrad functions that hand an array to their caller
+
+
+def _ours(frame) -> bool:
+    return frame.f_globals.get("__name__", "").startswith("tensorgrad")
 
 
 @contextlib.contextmanager
@@ -224,10 +229,13 @@ def tracing(tracer: Tracer):
 
     def read_array(self):
         # tensorgrad's own code passes arrays to ops (which the trace sees); code outside it
-        # that takes a tensor's array computes in Python on its values
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if not caller.startswith("tensorgrad") and tracer in tape.op_observers:
-            tracer.fail("it reads a tensor's array (.array) in Python")
+        # that takes a tensor's array computes in Python on its values. A conversion
+        # (as_array, tensor) reads for its caller.
+        frame = sys._getframe(1)
+        while frame.f_code.co_name in _CONVERSIONS and _ours(frame):
+            frame = frame.f_back
+        if not _ours(frame) and tracer in tape.op_observers:
+            tracer.fail("it reads a tensor's array (.array, as_array) in Python")
         return self._array
 
     for name, method in saved.items():
