@@ -213,7 +213,7 @@ def worker_info(torch_too: bool) -> dict:
     if "tensorgrad" in sys.modules:
         import tensorgrad
 
-        info["tg_malloc_tuned"] = tensorgrad.backend.malloc_tuned  # at import
+        info["tg_malloc_tuned"] = tensorgrad.devices.malloc_tuned  # at import
         try:
             from tensorgrad.kernels import chunks as parallel
 

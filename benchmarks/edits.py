@@ -25,7 +25,7 @@ from .machine import describe, summary
 
 def _edits():
     import tensorgrad as tg
-    import tensorgrad.functional as F
+    import tensorgrad.nn.functional as F
     from gpt import model as gm
     from tensorgrad import nn
 

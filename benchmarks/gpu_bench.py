@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 import tensorgrad as tg
-import tensorgrad.functional as F
-from tensorgrad import backend
+import tensorgrad.nn.functional as F
+from tensorgrad import devices
 from tensorgrad.cuda.ops import MATMUL_PRECISIONS
 from tensorgrad.ops import linalg
 
@@ -54,7 +54,7 @@ class Budget:
 
 
 def sync():
-    backend.require_cupy().cuda.Device().synchronize()
+    devices.require_cupy().cuda.Device().synchronize()
 
 
 def timed(fn, reps: int, warmup: int = 1, torch_sync=False) -> float:
@@ -73,11 +73,11 @@ def timed(fn, reps: int, warmup: int = 1, torch_sync=False) -> float:
 
 
 def pool_bytes() -> int:
-    return backend.require_cupy().get_default_memory_pool().total_bytes()
+    return devices.require_cupy().get_default_memory_pool().total_bytes()
 
 
 def free_pool():
-    cp = backend.require_cupy()
+    cp = devices.require_cupy()
     cp.get_default_memory_pool().free_all_blocks()
 
 
@@ -85,7 +85,7 @@ def free_pool():
 
 
 def section_env(budget):
-    cp = backend.require_cupy()
+    cp = devices.require_cupy()
     props = cp.cuda.runtime.getDeviceProperties(0)
     out = {
         "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -108,7 +108,7 @@ def section_env(budget):
 
 
 def section_matmul(budget):
-    cp = backend.require_cupy()
+    cp = devices.require_cupy()
     n = MATMUL_N
     r = cp.random.default_rng(0)
     a = r.standard_normal((n, n), dtype=cp.float32)
@@ -202,7 +202,7 @@ def section_kernels(budget):
     # AdamW over 50M parameters: kernel vs the NumPy-style update on CuPy
     from gpt import optim
 
-    cp = backend.require_cupy()
+    cp = devices.require_cupy()
     n = ADAMW_N
     x, g, m = (cp.asarray(r.standard_normal(n).astype(np.float32)) for _ in range(3))
     v = cp.asarray(r.random(n).astype(np.float32) * 1e-2)
@@ -251,7 +251,7 @@ def section_tiny(budget):
         tg.manual_seed(0)
         model = GPT(GPTConfig.from_preset("tiny")).to(dev)
         opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2)
-        x, y = backend.to_device(data[:, :-1], dev), backend.to_device(data[:, 1:], dev)
+        x, y = devices.to_device(data[:, :-1], dev), devices.to_device(data[:, 1:], dev)
         losses[dev] = []
         for _ in range(5):
             _, loss = model(x, y)
@@ -303,7 +303,7 @@ def section_gpt2(budget, steps=4, warmup=2):
     except ImportError as e:
         result["torch_skipped"] = f"torch unavailable: {e}"
     model.to("cuda")
-    x, y = backend.to_device(x_np, "cuda"), backend.to_device(y_np, "cuda")
+    x, y = devices.to_device(x_np, "cuda"), devices.to_device(y_np, "cuda")
     variants = [
         ("tensorgrad", "highest", True),
         ("tensorgrad", "tf32", True),
@@ -567,8 +567,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out_dir = Path(args.out or os.environ.get("OUT") or "benchmarks/results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not backend.cuda_available():
-        print(f"gpu_bench: no GPU ({backend.cuda_error()}); nothing to do")
+    if not devices.cuda_available():
+        print(f"gpu_bench: no GPU ({devices.cuda_error()}); nothing to do")
         return 1
     budget = Budget(args.budget)
     results, failed = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}, False

@@ -80,7 +80,7 @@ class TorchGPT(nn.Module):
 
 def from_tensorgrad(tg_model, device) -> TorchGPT:
     """A TorchGPT on ``device`` holding a copy of a tensorgrad GPT's parameters."""
-    from tensorgrad.backend import to_numpy
+    from tensorgrad.devices import to_numpy
 
     model = TorchGPT(tg_model.config)
     own = dict(model.named_parameters())

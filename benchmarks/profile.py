@@ -59,7 +59,7 @@ class OpProfiler:
         from tensorgrad import autograd
         from tensorgrad.autograd import engine
 
-        importlib.import_module("tensorgrad.functional")  # defines the fused Ops
+        importlib.import_module("tensorgrad.nn.functional")  # defines the fused Ops
         for cls in {c for c in _subclasses(autograd.Op)}:
             for phase in ("forward", "backward"):
                 if phase in cls.__dict__:

@@ -179,7 +179,7 @@ def _op_specs():
 
     kind 'f' = float32 input that needs a gradient, 'i<n>' = integer ids in [0, n).
     """
-    import tensorgrad.functional as tF
+    import tensorgrad.nn.functional as tF
 
     def tfn():
         import torch.nn.functional as F

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import as_array, get_array_module, nn, to_device, to_numpy
 from tensorgrad import generator as rng
 

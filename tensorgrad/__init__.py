@@ -1,7 +1,7 @@
 """tensorgrad: a tiny tape-based autograd framework on NumPy (CuPy on NVIDIA GPUs).
 
     import tensorgrad as tg
-    import tensorgrad.functional as F
+    import tensorgrad.nn.functional as F
     x = tg.randn(4, 3, requires_grad=True)
     F.softmax(x @ x.T, dim=-1).sum().backward()
 
@@ -13,10 +13,12 @@ from importlib import metadata as _metadata
 
 import numpy as _np
 
-from . import amp, autograd, backends, cuda, distributed, functional, kernels, nn, optim, utils, viz
+from . import amp, autograd, backends, cuda, distributed, kernels, nn, optim, utils, viz
 from .amp import autocast, bfloat16
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .backend import (
+from .compiler import compile  # noqa: A004  (torch.compile)
+from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
+from .devices import (
     device_of,
     get_array_module,
     get_rng_state,
@@ -25,9 +27,7 @@ from .backend import (
     to_numpy,
     tune_cpu_malloc,
 )
-from .backend import rng as generator
-from .compiler import compile  # noqa: A004  (torch.compile)
-from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
+from .devices import rng as generator
 from .factory import (
     Generator,
     arange,
@@ -61,14 +61,14 @@ from .factory import (
     zeros,
     zeros_like,
 )
-from .functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)
-from .functions import __all__ as _functions_all
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
 from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiable backwards use)
 from .ops.dtypes import result_type
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
+from .tensor_functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)
+from .tensor_functions import __all__ as _functions_all
 from .types import as_dtype, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
@@ -149,7 +149,6 @@ __all__ = [
     "gradgradcheck",
     "GradcheckError",
     "autograd",
-    "functional",
     "nn",
     "optim",
     "cuda",

@@ -27,8 +27,8 @@ import warnings
 
 import numpy as np
 
-from .backend import cuda_available, get_array_module, parse_device
 from .cuda.ops import get_matmul_precision, set_matmul_precision
+from .devices import cuda_available, get_array_module, parse_device
 
 float16 = np.float16
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import backend
-from .backend import device_of, parse_device, rng, xp_for
+from . import devices
+from .devices import device_of, parse_device, rng, xp_for
 from .ops import shape as shape_ops
 from .ops.dtypes import result_type, scalar_dtype
 from .tensor import DEFAULT_DTYPE, Tensor, as_array
@@ -26,17 +26,17 @@ def _new(arr, requires_grad):
 def set_default_device(device) -> None:
     """Where tensors and new modules' parameters are made when no device is given ('cpu',
     'cuda'; None: back to the CPU), as torch.set_default_device."""
-    backend.set_default_device(device)
+    devices.set_default_device(device)
 
 
 def get_default_device() -> _device:
-    return _device(backend.default_device)
+    return _device(devices.default_device)
 
 
 def _default(device):
     """``device``, or the default device when None and it is not the CPU (data stays put)."""
     return (
-        device if device is not None or backend.default_device == "cpu" else backend.default_device
+        device if device is not None or devices.default_device == "cpu" else devices.default_device
     )
 
 
@@ -46,8 +46,8 @@ def tensor(data, requires_grad: bool = False, dtype=None, device=None) -> Tensor
     device = _default(device)
     t = Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
     src = data.array if isinstance(data, Tensor) else data
-    same_device = backend.is_array(src) and device_of(src) == device_of(t.array)
-    if same_device and backend.shares_memory(t.array, src):
+    same_device = devices.is_array(src) and device_of(src) == device_of(t.array)
+    if same_device and devices.shares_memory(t.array, src):
         t.array = t.array.copy()
     return t
 
@@ -114,12 +114,12 @@ class Generator:
     def __init__(self, device="cpu", _default: bool = False):
         self.device = parse_device(device)
         self._default = _default
-        self._seed = backend.generators.seed if _default else 67280421310721
+        self._seed = devices.generators.seed if _default else 67280421310721
         self._gens = {}
 
     def manual_seed(self, seed: int) -> Generator:
         if self._default:
-            backend.manual_seed(seed)
+            devices.manual_seed(seed)
         self._seed, self._gens = int(seed), {}
         return self
 
@@ -144,14 +144,14 @@ class Generator:
 
     def get_state(self) -> dict:
         return (
-            backend.get_rng_state()
+            devices.get_rng_state()
             if self._default
             else {"seed": self._seed, "cpu": self.rng("cpu").bit_generator.state}
         )
 
     def set_state(self, state: dict) -> None:
         if self._default:
-            backend.set_rng_state(state)
+            devices.set_rng_state(state)
         else:
             self.manual_seed(state["seed"])
             self._gens["cpu"].bit_generator.state = state["cpu"]
@@ -266,7 +266,7 @@ def multinomial(probs, num_samples: int, replacement: bool = False, generator=No
         idx = xp.minimum(idx, n - 1)
     else:
         gumbel = -xp.log(-xp.log(g.random(w.shape)))
-        with backend.errstate(xp, divide="ignore"):
+        with devices.errstate(xp, divide="ignore"):
             keys = xp.where(w > 0, xp.log(xp.where(w > 0, w, 1)) + gumbel, -xp.inf)
         idx = xp.argsort(-keys, axis=1, kind="stable")[:, :num_samples]
     idx = idx.astype(np.int64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .autograd import enable_grad, grad, no_grad
-from .backend import to_numpy
+from .devices import to_numpy
 from .tensor import Tensor
 
 

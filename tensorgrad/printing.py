@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import to_numpy
+from .devices import to_numpy
 
 PRECISION = 4
 THRESHOLD, EDGEITEMS, LINEWIDTH = 1000, 3, 80

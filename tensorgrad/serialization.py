@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from .backend import to_device, to_numpy
+from .devices import to_device, to_numpy
 from .tensor import Tensor
 
 _KEY = "tensorgrad.json"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import autograd
-from . import backend as _backend
+from . import devices as _devices
 from .autograd import Op
-from .backend import device_of, get_array_module, shares_memory, to_device, to_numpy, xp_for
+from .devices import device_of, get_array_module, shares_memory, to_device, to_numpy, xp_for
 from .indexing import index_steps
 from .ops import elementwise as E
 from .ops import linalg, reduce
@@ -349,7 +349,7 @@ class Tensor(Select):
             if kind is float or kind is int:
                 other = float(other)
                 return cls.apply(other, self) if reflected else cls.apply(self, other)
-            if isinstance(other, Tensor) and other._array.dtype == dt and not _backend._multi:
+            if isinstance(other, Tensor) and other._array.dtype == dt and not _devices._multi:
                 return cls.apply(other, self) if reflected else cls.apply(self, other)
         if isinstance(other, np.generic):
             other = other.item()  # NumPy scalars act as Python numbers (float32 stays float32)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .autograd import is_grad_enabled
 from .autograd.graph import op_observers
-from .backend import (
+from .devices import (
     device_of,
     get_array_module,
     is_array,

@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .backend import get_array_module, xp_for
+from .devices import get_array_module, xp_for
 from .ops import elementwise as E
 from .ops import shape as shape_ops
 from .ops.dims import wrap_dim, wrap_dims

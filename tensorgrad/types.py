@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import parse_device
+from .devices import parse_device
 from .tensor_inplace import InPlace
 
 

@@ -153,12 +153,12 @@ class _FakeXP:
 def fake_nccl(out_path: str) -> None:
     import tensorgrad as tg
     import tensorgrad.distributed as dist
-    from tensorgrad import backend
+    from tensorgrad import devices
 
     calls, cupy, nccl = _fake_cupy()
     # tensorgrad reaches CuPy only through backend's require_* (bound into distributed)
     dist.require_cupy, dist.require_nccl = (lambda: cupy), (lambda: nccl)
-    backend.register_array_module(GpuArray, _FakeXP())
+    devices.register_array_module(GpuArray, _FakeXP())
     n, r = dist.init(), dist.rank()
     shapes = [(300, 40), (17,), (64, 64), (1,)]
     params = [tg.nn.Parameter(np.full(s, float(r), np.float32).view(GpuArray)) for s in shapes]

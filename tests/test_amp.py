@@ -192,7 +192,7 @@ def test_cuda_helpers_without_a_gpu():
 
 
 def test_cuda_manual_seed_seeds_only_the_gpu_generator():
-    from tensorgrad.backend import generators
+    from tensorgrad.devices import generators
 
     tg.manual_seed(1)
     a = tg.rand(3).numpy()

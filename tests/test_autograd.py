@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad.autograd import Op, engine
 from tensorgrad.tensor import Tensor
 

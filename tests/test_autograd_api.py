@@ -6,7 +6,7 @@ import pytest
 from helpers import assert_close
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import nn
 from tensorgrad.autograd import Function, functional, grad
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad.autograd import Op
 
 
@@ -150,7 +150,7 @@ def test_import_changes_nothing_process_wide():
     import subprocess
     import sys
 
-    code = "import ctypes, tensorgrad, tensorgrad.backend as b; print(hasattr(b, 'MALLOC_TUNED'))"
+    code = "import ctypes, tensorgrad, tensorgrad.devices as b; print(hasattr(b, 'MALLOC_TUNED'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
     code = "import sys, tensorgrad; print(any(m.startswith(('cupy', 'gpt')) for m in sys.modules))"

@@ -3,7 +3,7 @@
 ``FakeArray`` wraps a NumPy array but is no ndarray: ``__array__`` raises and NumPy ufuncs
 and functions refuse it, so any op that calls ``numpy.`` on tensor data (instead of ``xp.``)
 fails loudly. ``FakeXP`` is the module handed out as ``xp`` for it (registered as the
-'cuda' device through ``backend.register_array_module``), like CuPy it refuses NumPy arrays
+'cuda' device through ``devices.register_array_module``), like CuPy it refuses NumPy arrays
 mixed into its functions, and it records each call. Forward and backward of every op, a
 tiny GPT training step and an AdamW step run through it and must match the NumPy run.
 Also here: the device API without CuPy (import, error message, moves, checkpoints).
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
-from tensorgrad import backend, nn
+import tensorgrad.nn.functional as F
+from tensorgrad import devices, nn
 
 # ----------------------------------------------------------------------------- the fake
 
@@ -274,7 +274,7 @@ class FakeXP:
 @pytest.fixture
 def fake():
     xp = FakeXP()
-    unregister = backend.register_array_module(FakeArray, xp, "cuda")
+    unregister = devices.register_array_module(FakeArray, xp, "cuda")
     try:
         yield xp
     finally:
@@ -301,7 +301,7 @@ def test_fake_refuses_numpy(fake):
         np.zeros(3) + np.asarray(x)
     with pytest.raises(TypeError):
         fake.where(x > 0, x, np.zeros(3))
-    assert backend.get_array_module(x) is fake and backend.device_of(x) == "cuda"
+    assert devices.get_array_module(x) is fake and devices.device_of(x) == "cuda"
 
 
 # ----------------------------------------------------------------------------- every op
@@ -570,8 +570,8 @@ def _tiny_step(device, doc_sep=None):
     model.to(device)
     opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2)
     data = np.random.default_rng(5).integers(0, 32, size=(3, 9))
-    x = backend.to_device(data[:, :-1], device)
-    y = backend.to_device(data[:, 1:], device)
+    x = devices.to_device(data[:, :-1], device)
+    y = devices.to_device(data[:, 1:], device)
     losses = []
     for _ in range(2):
         _, loss = model(x, y, doc_sep=doc_sep)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import nn
 from tensorgrad.compiler import CompileWarning, compiled_forward
 

@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
-from tensorgrad import backend
+import tensorgrad.nn.functional as F
+from tensorgrad import devices
 from tensorgrad.ops import linalg
 
 pytestmark = pytest.mark.cuda
 
-if not backend.cuda_available():
+if not devices.cuda_available():
     pytest.skip(
-        f"needs CuPy and an NVIDIA GPU ({backend.cuda_error()}); pip install -e '.[cuda]'",
+        f"needs CuPy and an NVIDIA GPU ({devices.cuda_error()}); pip install -e '.[cuda]'",
         allow_module_level=True,
     )
 
-cp = backend.require_cupy()
+cp = devices.require_cupy()
 
 from test_backend_dispatch import CASES, comparable
 from test_cuda_kernels_emulated import FUSED
@@ -256,7 +256,7 @@ def _train(device, steps=2, dropout=0.0, seed=0):
     model = GPT(GPTConfig.from_preset("tiny", dropout=dropout)).to(device)
     opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2)
     data = np.random.default_rng(5).integers(0, 32, size=(4, 17))
-    x, y = backend.to_device(data[:, :-1], device), backend.to_device(data[:, 1:], device)
+    x, y = devices.to_device(data[:, :-1], device), devices.to_device(data[:, 1:], device)
     losses = []
     for _ in range(steps):
         _, loss = model(x, y)

@@ -20,7 +20,7 @@ import pytest
 from test_backend_dispatch import comparable
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad.cuda import flash as FA
 from tensorgrad.cuda import kernels as K
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from gpt.config import GPTConfig
 from gpt.explain import explain, main, prompt_tokenizer, render_html, render_text
 from gpt.model import GPT

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from gpt import model as gm
 from gpt.config import GPTConfig
 from gpt.explain import explain, prompt_tokenizer, render_html, render_text

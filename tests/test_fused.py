@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 
 rs = np.random.default_rng(1)
 

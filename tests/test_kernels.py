@@ -351,16 +351,16 @@ def test_switches_and_listing(monkeypatch):
     names = [k.name for k in kernels.registered()]
     assert "cpu.chunked.softmax" in names and "cuda.flash_attention" in names
     x = tg.randn(3, 4, requires_grad=True)
-    assert type(tg.functional.softmax(x)._node) is not Softmax  # a kernel ran
+    assert type(tg.nn.functional.softmax(x)._node) is not Softmax  # a kernel ran
     with kernels.reference_only():
-        assert type(tg.functional.softmax(x)._node) is Softmax
+        assert type(tg.nn.functional.softmax(x)._node) is Softmax
     kernels.set_enabled(False, ["softmax"])
     try:
         assert not kernels.is_enabled("softmax")
-        assert type(tg.functional.softmax(x)._node) is Softmax
+        assert type(tg.nn.functional.softmax(x)._node) is Softmax
     finally:
         kernels.set_enabled(True, ["softmax"])
-    assert type(tg.functional.softmax(x)._node) is not Softmax
+    assert type(tg.nn.functional.softmax(x)._node) is not Softmax
     with pytest.raises(ValueError, match="unknown kernels"):
         kernels.set_enabled(False, ["no_such_kernel"])
     with pytest.raises(ValueError, match="already registered"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import kernels
 from tensorgrad.kernels.cpu_gpt2_block import GPT2_BLOCK_PARAMS
 

@@ -5,7 +5,7 @@ import pytest
 from helpers import assert_close, check_op
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import nn
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad import kernels
 from tensorgrad.kernels import chunks as parallel
 from tensorgrad.kernels import cpu_chunked
@@ -100,13 +100,13 @@ def test_chunked_threads_match_reference(case, monkeypatch):
 
 
 def test_malloc_tuning_respects_opt_out(monkeypatch):
-    from tensorgrad import backend
+    from tensorgrad import devices
 
     monkeypatch.setenv("TG_MALLOC_TUNING", "0")
-    assert backend.tune_cpu_malloc() is False
+    assert devices.tune_cpu_malloc() is False
     monkeypatch.delenv("TG_MALLOC_TUNING")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the user's own setting wins
-    assert backend.tune_cpu_malloc() is False
+    assert devices.tune_cpu_malloc() is False
 
 
 def test_malloc_tuned_at_import_unless_switched_off():
@@ -115,7 +115,7 @@ def test_malloc_tuned_at_import_unless_switched_off():
     import subprocess
     import sys
 
-    code = "import tensorgrad.backend as b; print(b.malloc_tuned)"
+    code = "import tensorgrad.devices as b; print(b.malloc_tuned)"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "TG_MALLOC"))}
     on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     off = subprocess.run(

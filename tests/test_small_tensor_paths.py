@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-from tensorgrad.backend import shares_memory
+from tensorgrad.devices import shares_memory
 
 
 def _leaf(shape=(3, 4), seed=0, dtype=np.float32):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import tensorgrad as tg
-import tensorgrad.functional as F
+import tensorgrad.nn.functional as F
 from tensorgrad.autograd import record_ops
 
 from .arrays import host, rms

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from ..backend import get_array_module
+from ..devices import get_array_module
 from .graph import (
     RELEASED_MSG,
     Op,

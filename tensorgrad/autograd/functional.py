@@ -9,7 +9,7 @@ u, so differentiating ``u ↦ Jᵀu`` against u along v gives ``Jv``.
 
 from __future__ import annotations
 
-from ..backend import get_array_module
+from ..devices import get_array_module
 from .engine import grad
 from .graph import constant, enable_grad, is_tensor, xp_of
 

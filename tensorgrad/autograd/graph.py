@@ -23,9 +23,9 @@ import threading
 
 import numpy as np
 
-from .. import backend as _backend
+from .. import devices as _devices
 from .. import kernels as _kernels
-from ..backend import get_array_module, shares_memory
+from ..devices import get_array_module, shares_memory
 
 
 class _GradMode(threading.local):
@@ -198,11 +198,11 @@ class Op:
             else:
                 arrays.append(x)
                 needs.append(False)
-        if _backend._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
-            _backend.check_same_device(cls.__name__.lower(), arrays)
+        if _devices._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
+            _devices.check_same_device(cls.__name__.lower(), arrays)
         impl = cls
         if cls.op is not None and arrays and hasattr(arrays[0], "dtype"):
-            impl = _kernels.pick(cls.op, _backend.device_of(arrays[0]), *arrays, **kwargs) or cls
+            impl = _kernels.pick(cls.op, _devices.device_of(arrays[0]), *arrays, **kwargs) or cls
         fn = impl()
         fn.reference = cls
         record = True in needs and _state.enabled  # (is_grad_enabled(), inlined)

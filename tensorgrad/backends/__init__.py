@@ -7,7 +7,7 @@
 sets 'tf32' (when it is 'highest'), False sets 'highest' (when it is 'tf32'), and reading it
 says whether GPU matmuls use reduced-precision inputs. On the CPU nothing changes: its
 matmuls are float32 (or the tensors' dtype) always. Not to be confused with
-``tensorgrad.backend``, the NumPy / CuPy layer.
+``tensorgrad.devices``, the NumPy / CuPy layer.
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ import warnings
 
 import numpy as np
 
-from .. import backend
+from .. import devices
 from ..autograd.graph import constant, is_grad_enabled
-from ..backend import device_of
+from ..devices import device_of
 from ..tensor import Tensor
 from .fuse import FusedElementwise, plan
 from .replay import Replay
@@ -189,9 +189,9 @@ def _composites(g: Graph) -> int:
 def _random_state(state=None):
     """The CPU generator and its state; given one, put it back."""
     if state is None:
-        gen = backend.generators.cpu
+        gen = devices.generators.cpu
         return gen, gen.bit_generator.state
-    backend.generators.cpu = state[0]
+    devices.generators.cpu = state[0]
     state[0].bit_generator.state = state[1]
 
 

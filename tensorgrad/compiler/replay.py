@@ -19,7 +19,7 @@ import numpy as np
 from ..autograd import graph as tape
 from ..autograd.engine import check_grads
 from ..autograd.engine import grad as autograd_grad
-from ..backend import get_array_module
+from ..devices import get_array_module
 from .trace import Graph
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import backend
+from .. import devices
 from ..autograd import graph as tape
 from ..tensor import Tensor
 
@@ -100,8 +100,8 @@ class Tracer:
             self.graph.needs_grad.append(isinstance(t, Tensor) and t.requires_grad)
             a = t._array if isinstance(t, Tensor) else t
             self.graph.meta.append((tuple(a.shape), a.dtype))
-            if backend.device_of(a) != "cpu":
-                self.graph.device = backend.device_of(a)
+            if devices.device_of(a) != "cpu":
+                self.graph.device = devices.device_of(a)
 
     def traced(self, x) -> bool:
         """Whether x is a value of the trace (a live input or an op's output)."""
@@ -208,7 +208,7 @@ def tracing(tracer: Tracer):
 
         return read
 
-    get = backend.generators.get
+    get = devices.generators.get
 
     def counting_get(*args, **kwargs):
         tracer.draws += 1
@@ -243,13 +243,13 @@ def tracing(tracer: Tracer):
     for name, method in off_tape.items():
         setattr(Tensor, name, computed_off_tape(name, method))
     Tensor.array = property(read_array, array.fset, doc=array.__doc__)
-    backend.generators.get = counting_get
+    devices.generators.get = counting_get
     tape.op_observers.append(tracer)
     try:
         yield tracer
     finally:
         tape.op_observers.remove(tracer)
-        del backend.generators.get  # the instance attribute: the class's method again
+        del devices.generators.get  # the instance attribute: the class's method again
         for name, method in {**saved, **off_tape}.items():
             if name in own:
                 setattr(Tensor, name, method)
@@ -284,7 +284,7 @@ def same_value(x, y) -> bool:
             hasattr(y, "dtype")
             and x.shape == y.shape
             and x.dtype == y.dtype
-            and bool(backend.get_array_module(x).array_equal(x, y))
+            and bool(devices.get_array_module(x).array_equal(x, y))
         )
     try:
         return bool(x == y) and type(x) is type(y)

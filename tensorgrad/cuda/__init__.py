@@ -10,8 +10,8 @@ is 0, ``manual_seed``/``manual_seed_all`` store the seed for a GPU generator mad
 ``synchronize()`` has nothing to wait for, and ``set_device``/``current_device`` raise.
 """
 
-from .. import backend
-from ..backend import CUDA_HINT, cuda_available
+from .. import devices
+from ..devices import CUDA_HINT, cuda_available
 from .ops import get_matmul_precision, set_matmul_precision
 
 
@@ -24,17 +24,17 @@ def unavailable_reason() -> str | None:
     """None when CUDA is usable, else one line saying why and how to install it."""
     if cuda_available():
         return None
-    return CUDA_HINT.format(why=backend.cuda_error() or "CuPy is unavailable")
+    return CUDA_HINT.format(why=devices.cuda_error() or "CuPy is unavailable")
 
 
 def _require(what: str):
     if not cuda_available():
         raise RuntimeError(f"cuda.{what}: {unavailable_reason()}")
-    return backend.require_cupy()
+    return devices.require_cupy()
 
 
 def device_count() -> int:
-    return backend.require_cupy().cuda.runtime.getDeviceCount() if cuda_available() else 0
+    return devices.require_cupy().cuda.runtime.getDeviceCount() if cuda_available() else 0
 
 
 def current_device() -> int:
@@ -53,24 +53,24 @@ def set_device(device) -> None:
 def synchronize(device=None) -> None:
     """Wait for the current GPU's queued work; nothing to wait for without a GPU."""
     if cuda_available():
-        backend.require_cupy().cuda.Device().synchronize()
+        devices.require_cupy().cuda.Device().synchronize()
 
 
 def is_bf16_supported() -> bool:
     """Whether the GPU has bfloat16 tensor cores (compute capability 8.0 or later)."""
     if not cuda_available():
         return False
-    return int(backend.require_cupy().cuda.Device().compute_capability) >= 80
+    return int(devices.require_cupy().cuda.Device().compute_capability) >= 80
 
 
 def manual_seed(seed: int) -> None:
     """Seed the GPU's generator (the CPU's is ``tensorgrad.manual_seed``, which seeds both)."""
-    backend.generators.manual_seed_cuda(seed)
+    devices.generators.manual_seed_cuda(seed)
 
 
 def manual_seed_all(seed: int) -> None:
     """The same as ``manual_seed``: tensorgrad has one GPU generator."""
-    backend.generators.manual_seed_cuda(seed)
+    devices.generators.manual_seed_cuda(seed)
 
 
 __all__ = [

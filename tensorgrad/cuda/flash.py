@@ -8,7 +8,7 @@
 Only the logsumexp per query row is kept: the (L, S) scores never reach global memory. The
 backward pass writes every gradient element once (no atomics), so it is deterministic.
 ``tensorgrad/cuda/ops.py`` registers them as the 'attention' kernel for the 'cuda' device;
-the shared CUDA helpers (COMMON_SRC) live in ``kernels.py``. CuPy comes from ``backend.require_cupy()``;
+the shared CUDA helpers (COMMON_SRC) live in ``kernels.py``. CuPy comes from ``devices.require_cupy()``;
 a module compiles on first use for each padded head size and is cached.
 """
 
@@ -18,7 +18,7 @@ import math
 
 import numpy as np  # host-side scalars and shapes only, never tensor data
 
-from ..backend import require_cupy
+from ..devices import require_cupy
 from .kernels import COMMON_SRC
 
 _cache: dict = {}

@@ -14,7 +14,7 @@ registered for the 'cuda' device, so they run only on CuPy arrays, and
     matmul                                cuBLAS GEMM with a TF32 or BF16 compute type
 
 Everything is float32 (callers fall back to the NumPy-style path otherwise). CuPy comes
-from ``backend.require_cupy()``; kernels compile on first use and are cached. The CUDA
+from ``devices.require_cupy()``; kernels compile on first use and are cached. The CUDA
 sources are module constants so that tests can compile them with nvcc and run them on the
 CPU through a small emulation shim.
 """
@@ -25,7 +25,7 @@ import math
 
 import numpy as np  # host-side scalars and shapes only, never tensor data
 
-from ..backend import require_cublas, require_cupy
+from ..devices import require_cublas, require_cupy
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI
 
 _cache: dict = {}

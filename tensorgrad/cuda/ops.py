@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .. import backend
+from .. import devices
 from ..autograd import Op, unbroadcast
 from ..kernels import register
 from ..ops.nn import Embedding, check_attention, check_classes, loss_coef, reduce_losses
@@ -23,7 +23,7 @@ from . import kernels as K
 
 def on_gpu(*arrays) -> bool:
     """True when every array is a float32 CuPy array (or None)."""
-    return all(a is None or (backend.is_cupy_array(a) and a.dtype == np.float32) for a in arrays)
+    return all(a is None or (devices.is_cupy_array(a) and a.dtype == np.float32) for a in arrays)
 
 
 @register(
@@ -51,7 +51,7 @@ class CudaSoftmax(Op):
 )
 class CudaCrossEntropy(Op):
     def forward(self, x, target, ignore_index=-100, reduction="mean"):
-        xp = backend.get_array_module(x)
+        xp = devices.get_array_module(x)
         valid = target != ignore_index
         t = xp.where(valid, target, 0)
         check_classes(xp, t, x.shape[1])

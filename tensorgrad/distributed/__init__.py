@@ -38,7 +38,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..backend import get_array_module, require_cupy, require_nccl, to_numpy
+from ..devices import get_array_module, require_cupy, require_nccl, to_numpy
 from ..tensor import Tensor
 
 DEFAULT_TIMEOUT_S = 600.0

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..autograd import Op, unbroadcast
-from ..backend import device_of
+from ..devices import device_of
 from ..ops.nn import (
     GELU_C,
     SQRT_2_OVER_PI,

@@ -1,7 +1,7 @@
 """``tensorgrad.nn``: modules and layers (``nn.Module``, ``nn.Linear``, ...), as in ``torch.nn``.
 
 modules.py     Module, Parameter and the layers (a GPT's, BatchNorm1d, Flatten, ...)
-functional.py  the same functions as ``tensorgrad.functional`` (``torch.nn.functional``)
+functional.py  F.*: softmax, cross_entropy, layer_norm, ... (``torch.nn.functional``)
 init.py        in-place initialisers (``nn.init.normal_``, ...)
 utils.py       ``clip_grad_norm_``, ``clip_grad_value_``
 parallel.py    ``DistributedDataParallel``

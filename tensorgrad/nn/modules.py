@@ -7,11 +7,11 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from .. import backend
-from .. import functional as F
+from .. import devices
 from ..autograd import RemovableHandle
-from ..backend import get_array_module, rng, to_device
+from ..devices import get_array_module, rng, to_device
 from ..tensor import DEFAULT_DTYPE, Tensor, to_args
+from . import functional as F
 
 
 class Parameter(Tensor):
@@ -22,9 +22,9 @@ class Parameter(Tensor):
     def __init__(self, data, requires_grad: bool = True):
         if isinstance(data, Tensor):
             super().__init__(data.array, requires_grad=requires_grad)
-        elif backend.default_device != "cpu" and type(data) is np.ndarray:
+        elif devices.default_device != "cpu" and type(data) is np.ndarray:
             # a layer's initial host array goes where tensors go by default (set_default_device)
-            super().__init__(data, requires_grad=requires_grad, device=backend.default_device)
+            super().__init__(data, requires_grad=requires_grad, device=devices.default_device)
         else:  # an array already on a device stays there, as nn.Parameter(t) in PyTorch
             super().__init__(data, requires_grad=requires_grad)
 
@@ -516,7 +516,7 @@ class BatchNorm1d(Module):
         }
         stats["num_batches_tracked"] = np.array(0, np.int64)
         for name, a in stats.items():
-            buf = Tensor(a, device=backend.default_device) if track_running_stats else None
+            buf = Tensor(a, device=devices.default_device) if track_running_stats else None
             self.register_buffer(name, buf)
 
     def forward(self, x):

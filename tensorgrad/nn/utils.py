@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import get_array_module, to_numpy
+from ..devices import get_array_module, to_numpy
 from ..tensor import Tensor
 
 

@@ -10,7 +10,7 @@ import math
 
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import errstate, get_array_module
+from ..devices import errstate, get_array_module
 from .special import erf_array
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import kernels
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import device_of, get_array_module
+from ..devices import device_of, get_array_module
 
 
 def matmul(x, y):

@@ -13,7 +13,7 @@ import math
 
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import device_of, errstate, get_array_module, is_cpu_array, rng
+from ..devices import device_of, errstate, get_array_module, is_cpu_array, rng
 from .elementwise import erf
 from .linalg import matmul
 from .shape import add_at

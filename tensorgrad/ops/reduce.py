@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..autograd import Op, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import errstate, get_array_module
+from ..devices import errstate, get_array_module
 from .dims import wrap_dims
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import get_array_module
+from ..devices import get_array_module
 from .dims import wrap_dim
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..autograd import register_tensor_xp
 from ..autograd.graph import constant, is_tensor
-from ..backend import get_array_module
+from ..devices import get_array_module
 from . import elementwise as E
 from . import linalg, reduce
 from . import shape as S

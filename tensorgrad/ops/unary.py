@@ -8,7 +8,7 @@ import math
 
 from ..autograd import Op, xp_of
 from ..autograd.graph import is_tensor
-from ..backend import get_array_module
+from ..devices import get_array_module
 from .dims import wrap_dim
 
 

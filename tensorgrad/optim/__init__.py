@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import kernels
-from ..backend import device_of, get_array_module, to_device
+from ..devices import device_of, get_array_module, to_device
 from ..tensor import Tensor, as_array
 
 

@@ -32,7 +32,7 @@ def tune_cpu_malloc() -> bool:
     ``import tensorgrad`` calls it once, so that a library user gets the fast step without
     asking (PyTorch's step does not page-fault its activations either); it is
     process-wide, so ``TG_MALLOC_TUNING=0`` in the environment (or a MALLOC_* variable of
-    your own) turns it off. ``tensorgrad.backend.malloc_tuned`` says whether it applied.
+    your own) turns it off. ``tensorgrad.devices.malloc_tuned`` says whether it applied.
     """
     if os.environ.get("TG_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
         return False
