@@ -25,7 +25,7 @@ def cases():
 
     Variants: the chunked NumPy kernel where there is one (tensorgrad.kernels.cpu_chunked,
     what runs without numba) and the numba kernel (where numba is installed)."""
-    import tensorgrad.nn.functional as F
+    import tensorgrad.ops.nn as F  # the reference Ops, each F function's one op
     from tensorgrad.kernels import cpu_chunked as C
 
     try:

@@ -78,12 +78,12 @@ class OpProfiler:
 
         engine._accumulate = acc
         self.patched.append((engine, "_accumulate", orig_acc))
-        orig_leaf = engine._accumulate_grad
+        orig_leaf = engine.accumulate_grad  # the per-leaf step the engine hands the walk
 
-        def leaf(t, g):
+        def leaf(handed, t, g):
             first = t.grad is None
             s = time.perf_counter()
-            orig_leaf(t, g)
+            orig_leaf(handed, t, g)
             key = (
                 "(tape) leaf .grad " + ("store" if first else "accumulate"),
                 "backward",
@@ -92,8 +92,8 @@ class OpProfiler:
             self.time[key] += time.perf_counter() - s
             self.calls[key] += 1
 
-        engine._accumulate_grad = leaf
-        self.patched.append((engine, "_accumulate_grad", orig_leaf))
+        engine.accumulate_grad = leaf
+        self.patched.append((engine, "accumulate_grad", orig_leaf))
 
     def uninstall(self):
         for obj, name, orig in reversed(self.patched):

@@ -29,12 +29,10 @@ from .devices import (
 )
 from .devices import rng as generator
 from .factory import (
-    Generator,
     arange,
     as_tensor,
     cat,
     concat,
-    default_generator,
     empty,
     empty_like,
     eye,
@@ -42,16 +40,12 @@ from .factory import (
     full_like,
     get_default_device,
     linspace,
-    manual_seed,
-    multinomial,
     ones,
     ones_like,
     rand,
     rand_like,
-    randint,
     randn,
     randn_like,
-    randperm,
     set_default_device,
     stack,
     tensor,
@@ -65,6 +59,7 @@ from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
 from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiable backwards use)
 from .ops.dtypes import result_type
+from .sampling import Generator, default_generator, manual_seed, multinomial, randint, randperm
 from .serialization import load, save
 from .tensor import Size, Tensor, as_array
 from .tensor_functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)

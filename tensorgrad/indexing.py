@@ -14,7 +14,7 @@ import numpy as np
 
 
 def _is_tensor(k) -> bool:
-    return hasattr(k, "grad") and hasattr(k, "_version")  # a Tensor (this avoids an import cycle)
+    return hasattr(k, "grad") and hasattr(k, "grad_fn")  # a Tensor (this avoids an import cycle)
 
 
 def _one(k, xp):

@@ -3,9 +3,17 @@
 Operators and methods mirror PyTorch's names and arguments (``dim``, ``keepdim``), its
 dimension checks (``ops/dims.py``), its type promotion (``ops/dtypes.py``) and its indexing
 rule (``indexing.py``), so nanoGPT-style code ports by changing its imports. Each method is a
-thin call into an Op from ``ops/``; nothing here computes on arrays except the no-grad
-comparisons and sorting. In-place writes and views live in ``tensor_inplace.py`` (the base
-class ``InPlace``), printing in ``printing.py``.
+thin call into an Op from ``ops/``; nothing here computes on arrays.
+
+This file holds the methods a GPT uses. Tensor takes PyTorch's others from three base
+classes, which a reader of the core can skip: ``tensor_extras.Extras`` (more math and shapes,
+conversions, ``new_*``), ``tensor_select.Select`` (comparisons, sorting, gather/scatter,
+masked_fill) and ``tensor_inplace.InPlace`` (in-place writes, and the views they write
+through: ``_view_of`` below records how a view maps onto its base). Printing is in
+``printing.py``.
+
+Imports: numpy, .autograd, .devices, .indexing, .ops, .printing, .tensor_extras,
+.tensor_inplace, .tensor_select, .types.
 """
 
 from __future__ import annotations
@@ -15,18 +23,18 @@ import numpy as np
 from . import autograd
 from . import devices as _devices
 from .autograd import Op
-from .devices import device_of, get_array_module, shares_memory, to_device, to_numpy, xp_for
+from .devices import device_of, get_array_module, shares_memory, to_device, to_numpy
 from .indexing import index_steps
 from .ops import elementwise as E
 from .ops import linalg, reduce
 from .ops import shape as shape_ops
-from .ops import unary as U
 from .ops.dims import wrap_dim, wrap_dims
 from .ops.dtypes import result_type
-from .ops.nn import LogSoftmax, Softmax
+from .ops.nn import Softmax
 from .printing import tensor_repr
+from .tensor_extras import Extras
 from .tensor_inplace import as_array, expander, indexer, permuter, reshaper, storable
-from .tensor_select import MaxResult, Select
+from .tensor_select import MaxResult
 from .types import Size, as_dtype, device, is_dtype, to_args
 
 DEFAULT_DTYPE = np.float32
@@ -42,8 +50,9 @@ def _dims(args):
     return tuple(args)
 
 
-class Tensor(Select):
-    """An n-d array with reverse-mode autograd (float32 unless a dtype is given)."""
+class Tensor(Extras):
+    """An n-d array with reverse-mode autograd (float32 unless a dtype is given). PyTorch's
+    methods beyond the ones here come from the base classes (the module docstring lists them)."""
 
     __slots__ = (
         "_array",
@@ -139,6 +148,15 @@ class Tensor(Select):
     def grad_fn(self) -> Op | None:
         return self._node
 
+    @property
+    def version(self) -> int:
+        """In-place writes to this memory so far, views' included (PyTorch's ``t._version``)."""
+        return self._version[0]
+
+    def mark_written(self) -> None:
+        """Count a write made to ``.array`` directly: graphs that saved this tensor see it stale."""
+        self._version[0] += 1
+
     shape = property(lambda self: Size(self._array.shape))
     dtype = property(lambda self: as_dtype(self._array.dtype))
     ndim = property(lambda self: self._array.ndim)
@@ -162,9 +180,6 @@ class Tensor(Select):
 
     nelement = numel
 
-    def element_size(self) -> int:
-        return int(self._array.dtype.itemsize)
-
     def __len__(self) -> int:
         if self.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
@@ -177,18 +192,6 @@ class Tensor(Select):
 
     def __repr__(self) -> str:
         return tensor_repr(self)
-
-    def __format__(self, spec: str) -> str:
-        """f"{loss:.4f}" formats a one-element tensor's value, as PyTorch."""
-        if self.ndim == 0:
-            return format(self.item(), spec)
-        if spec:
-            raise TypeError(
-                f"unsupported format string {spec!r} passed to Tensor.__format__ "
-                f"(a tensor of shape {tuple(self.shape)}); format .item() or a 0-d "
-                "tensor"
-            )
-        return repr(self)
 
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:
@@ -259,9 +262,6 @@ class Tensor(Select):
     def cpu(self) -> Tensor:
         return self.to("cpu")
 
-    def pin_memory(self) -> Tensor:
-        return self  # host arrays need no pinning here; kept so data loaders port unchanged
-
     def astype(self, dtype) -> Tensor:
         if np.dtype(dtype) == self.dtype:
             return self
@@ -269,12 +269,6 @@ class Tensor(Select):
 
     def float(self):
         return self.astype(np.float32)
-
-    def double(self):
-        return self.astype(np.float64)
-
-    def half(self):
-        return self.astype(np.float16)
 
     def long(self):
         return self.astype(np.int64)
@@ -290,24 +284,6 @@ class Tensor(Select):
 
     def is_floating_point(self) -> bool:
         return self.dtype.kind == "f"
-
-    def _new_full(self, size, value, dtype, device, requires_grad) -> Tensor:
-        xp = xp_for(device or self.device)
-        t = Tensor._leaf(xp.full(_dims(size), value, dtype=as_dtype(dtype or self.dtype).dtype))
-        t.requires_grad = requires_grad
-        return t
-
-    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False) -> Tensor:
-        """A tensor of zeros with self's dtype and device (unless given)."""
-        return self._new_full(size, 0, dtype, device, requires_grad)
-
-    def new_ones(self, *size, dtype=None, device=None, requires_grad=False) -> Tensor:
-        return self._new_full(size, 1, dtype, device, requires_grad)
-
-    new_empty = new_zeros
-
-    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
-        return self._new_full((size,), fill_value, dtype, device, requires_grad)
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> Tensor:
         """A new leaf with ``data``'s values (copied) in self's dtype and device (unless given)."""
@@ -325,10 +301,7 @@ class Tensor(Select):
     def retain_grad(self) -> None:
         """Keep this non-leaf tensor's gradient in ``.grad`` during ``backward()`` (leaves
         always keep theirs)."""
-        if self._node is not None:
-            if self._node.retained is None:
-                self._node.retained = {}
-            self._node.retained[self._out_index] = self
+        autograd.engine.retain_grad(self)
 
     def register_hook(self, hook):
         """Call ``hook(grad)`` whenever this tensor's gradient is computed; a returned tensor
@@ -426,12 +399,6 @@ class Tensor(Select):
     mul, div, pow = __mul__, __truediv__, __pow__
     multiply, divide, floor_divide = __mul__, __truediv__, __floordiv__
 
-    def maximum(self, other):
-        return self._binary(E.Maximum, other)
-
-    def minimum(self, other):
-        return self._binary(E.Minimum, other)
-
     # ------------------------------------------------------------------ unary math
     # (of an integer tensor: float32, PyTorch's default dtype, not NumPy's float64)
     exp = lambda self: E.Exp.apply(_floating(self))  # noqa: E731
@@ -442,59 +409,6 @@ class Tensor(Select):
     relu = lambda self: E.Relu.apply(self)  # noqa: E731
     sigmoid = lambda self: E.Sigmoid.apply(_floating(self))  # noqa: E731
     __abs__ = abs
-
-    sin = lambda self: U.Sin.apply(_floating(self))  # noqa: E731
-    cos = lambda self: U.Cos.apply(_floating(self))  # noqa: E731
-    log10 = lambda self: U.Log10.apply(self)  # noqa: E731
-    log2 = lambda self: U.Log2.apply(self)  # noqa: E731
-    roll = lambda self, shifts, dims=None: U.roll(self, shifts, dims)  # noqa: E731
-    sign = lambda self: U.Stepwise.apply(self, fn="sign")  # noqa: E731
-    floor = lambda self: U.Stepwise.apply(self, fn="floor")  # noqa: E731
-    ceil = lambda self: U.Stepwise.apply(self, fn="ceil")  # noqa: E731
-    round = lambda self, decimals=0: U.Stepwise.apply(self, fn="round", decimals=decimals)  # noqa: E731
-
-    def flip(self, *dims):
-        return U.Flip.apply(self, wrap_dims("flip", _dims(dims), self.ndim))
-
-    def mm(self, o):
-        if self.ndim != 2 or getattr(o, "ndim", 0) != 2:
-            raise RuntimeError("mm: both arguments must be 2-D matrices")
-        return self @ o
-
-    def dot(self, o):
-        if self.ndim != 1 or getattr(o, "ndim", 0) != 1:
-            raise RuntimeError("1D tensors expected, but got other shapes (dot)")
-        return self @ o
-
-    def outer(self, o):
-        return self.unsqueeze(1) * o.unsqueeze(0)
-
-    def nan_to_num(self, nan: float = 0.0, posinf=None, neginf=None):
-        """NaN, +inf and -inf replaced (by 0 and the dtype's largest/smallest finite values by
-        default); the gradient flows where self was finite."""
-        info = np.finfo(self.dtype)
-        out = self.where(~self.isnan(), nan).where(self != np.inf, posinf or info.max)
-        return out.where(self != -np.inf, info.min if neginf is None else neginf)
-
-    def rsqrt(self):
-        return self.sqrt() ** -1
-
-    def square(self):
-        return self * self
-
-    def clamp(self, min=None, max=None):
-        """Elementwise clip to [min, max] (either may be None); gradient 1 inside, 0 outside."""
-        if min is None and max is None:
-            raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
-        float_bound = any(
-            isinstance(b, float) or getattr(b, "dtype", np.dtype(int)).kind == "f"
-            for b in (min, max)
-        )
-        x = self.float() if float_bound and self.dtype.kind != "f" else self  # as promotion
-        # tensor bounds stay tensors: they may require grad (each gets its gradient)
-        return E.Clamp.apply(x, min, max)
-
-    clip = clamp
 
     # ------------------------------------------------------------------ reductions
     def sum(self, dim=None, keepdim: bool = False, dtype=None, *, keepdims=False):
@@ -512,38 +426,6 @@ class Tensor(Select):
             )
         return reduce.Mean.apply(x, dim=dim, keepdim=keepdim or keepdims)
 
-    def prod(self, dim=None, keepdim: bool = False, dtype=None, *, keepdims=False):
-        x = self if dtype is None else self.astype(dtype)
-        if x.dtype.kind in "biu":
-            x = x.astype(np.int64)
-        d = None if dim is None else wrap_dim("prod", dim, self.ndim)
-        return U.Prod.apply(x, dim=d, keepdim=keepdim or keepdims)
-
-    def logsumexp(self, dim, keepdim: bool = False, *, keepdims=False):
-        """log(sum(exp(x))) along ``dim``, shifted by the max so large values stay finite."""
-        m = self.detach().amax(dim, keepdim=True)
-        m = m.where(m.isfinite(), 0.0)
-        out = (self - m).exp().sum(dim, keepdim=True).log() + m
-        return out if keepdim or keepdims else out.squeeze(dim)
-
-    def var(self, dim=None, keepdim=False, unbiased=True, correction=None, *, keepdims=False):
-        """Variance; ``correction`` (or ``unbiased``) 1 divides by n-1 as PyTorch, 0 by n."""
-        c = (1 if unbiased else 0) if correction is None else correction
-        return reduce.Var.apply(self, dim=dim, keepdim=keepdim or keepdims, correction=c)
-
-    def std(self, dim=None, keepdim=False, unbiased=True, correction=None, *, keepdims=False):
-        return self.var(dim, keepdim or keepdims, unbiased, correction).sqrt()
-
-    def norm(self, p=2, dim=None, keepdim: bool = False):
-        """The p-norm over ``dim`` (every element by default; 'fro' is 2, inf the max |x|)."""
-        if p == "fro" or p == 2:
-            return (self * self).sum(dim, keepdim).sqrt()
-        if p == float("inf"):
-            return self.abs().amax(dim, keepdim)
-        if p == 1:
-            return self.abs().sum(dim, keepdim)
-        return (self.abs() ** p).sum(dim, keepdim) ** (1.0 / p)
-
     def _dims(self, op: str, dim):
         """``dim`` checked under the name of the op the user called (None stays None)."""
         return None if dim is None else wrap_dims(op, dim, self.ndim)
@@ -551,20 +433,8 @@ class Tensor(Select):
     def amax(self, dim=None, keepdim: bool = False, _op: str = "amax", *, keepdims=False):
         return reduce.Max.apply(self, dim=self._dims(_op, dim), keepdim=keepdim or keepdims)
 
-    def amin(self, dim=None, keepdim: bool = False, _op: str = "amin", *, keepdims=False):
-        return -(-self).amax(self._dims(_op, dim), keepdim or keepdims)
-
-    def cumsum(self, dim: int, dtype=None):
-        x = self if dtype is None else self.astype(dtype)
-        if x.dtype.kind in "biu":
-            x = x.astype(np.int64)
-        return reduce.Cumsum.apply(x, wrap_dim("cumsum", dim, self.ndim))
-
     def softmax(self, dim: int = -1):
         return Softmax.apply(self, dim=wrap_dim("softmax", dim, self.ndim))
-
-    def log_softmax(self, dim: int = -1):
-        return LogSoftmax.apply(self, dim=wrap_dim("log_softmax", dim, self.ndim))
 
     # ------------------------------------------------------------------ shape
     def view(self, *shape_):
@@ -586,12 +456,6 @@ class Tensor(Select):
         out = shape_ops.Reshape.apply(self, _dims(shape_))
         return self._view_of(out, reshaper(out.array.shape))
 
-    def view_as(self, other):
-        return self.view(other.shape)
-
-    def reshape_as(self, other):
-        return self.reshape(other.shape)
-
     def flatten(self, start_dim: int = 0, end_dim: int = -1):
         if self.ndim == 0:
             return self.reshape(1)
@@ -600,10 +464,6 @@ class Tensor(Select):
         if s > e:
             raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
         return self.reshape(*self.shape[:s], -1, *self.shape[e + 1 :])
-
-    def unflatten(self, dim: int, sizes):
-        d = wrap_dim("unflatten", dim, self.ndim)
-        return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1 :])
 
     def permute(self, *dims):
         dims = tuple(wrap_dim("permute", d, self.ndim) for d in _dims(dims))
@@ -619,13 +479,6 @@ class Tensor(Select):
         return self.permute(*dims)
 
     swapaxes = transpose
-
-    def movedim(self, source: int, destination: int):
-        s = wrap_dim("movedim", source, self.ndim)
-        d = wrap_dim("movedim", destination, self.ndim)
-        dims = list(range(self.ndim))
-        dims.insert(d, dims.pop(s))
-        return self.permute(*dims)
 
     def t(self):
         if self.ndim > 2:
@@ -656,9 +509,6 @@ class Tensor(Select):
     def expand(self, *sizes):
         out = shape_ops.Expand.apply(self, _dims(sizes))
         return self._view_of(out, expander(out.array.shape))
-
-    def expand_as(self, other):
-        return self.expand(other.shape)
 
     def __getitem__(self, key):
         out = self

@@ -7,7 +7,7 @@ live here alone.
 
 from __future__ import annotations
 
-from .ops.linalg import Einsum
+from .ops.more_math import Einsum
 from .tensor import Tensor
 
 _METHODS = (

@@ -6,7 +6,7 @@ operators a learner needs first. Views (slices, view, transpose, split, ...) tha
 their base's memory share its version counter and remember the base and how to find their region
 in it. So, as in PyTorch, an in-place write through a view of a leaf that requires grad raises,
 and one into any other tensor in the graph (or a view of it) is recorded: the base takes a
-WriteView node and its views ReadView nodes of it (``ops/shape.py``).
+WriteView node and its views ReadView nodes of it (``ops/more_shape.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .devices import (
 )
 from .indexing import index_steps
 from .ops import elementwise as E
+from .ops import more_shape as MS
 from .ops import shape as shape_ops
 from .ops.dims import wrap_dim
 
@@ -163,7 +164,7 @@ class InPlace:
         stale view's grad_fn)."""
         for w in list(base._views or ()):
             if w is not skip:
-                r = shape_ops.ReadView.apply(base, get=w._view_fn)
+                r = MS.ReadView.apply(base, get=w._view_fn)
                 w._node, w._out_index, w._requires_grad = r._node, 0, r._node is not None
 
     def _write_through(self, value: InPlace, get, put) -> InPlace:
@@ -171,7 +172,7 @@ class InPlace:
         itself): the base takes a WriteView node and this tensor, when it is a view, a ReadView
         of it, so that later uses and backward see the new values (PyTorch's rebase)."""
         target = self._base if self._base is not None else self
-        t = shape_ops.WriteView.apply(target, value, get=get, put=put)
+        t = MS.WriteView.apply(target, value, get=get, put=put)
         self._written()
         target._node, target._out_index, target._requires_grad = t._node, 0, True
         self._refresh_views(target)  # this tensor too, when it is a view

@@ -12,7 +12,7 @@ import numpy as np
 
 from .devices import get_array_module, xp_for
 from .ops import elementwise as E
-from .ops import shape as shape_ops
+from .ops import more_shape as MS
 from .ops.dims import wrap_dim, wrap_dims
 from .ops.dtypes import result_type
 from .tensor_inplace import InPlace, as_array, scalar_value, tracked
@@ -178,7 +178,7 @@ class Select(InPlace):
             raise RuntimeError(f"gather: index must be an integer tensor, got {idx.dtype}")
         if idx.ndim != self.ndim:
             raise RuntimeError(f"gather: index has {idx.ndim} dims, the input {self.ndim}")
-        return shape_ops.Gather.apply(self, idx, d)
+        return MS.Gather.apply(self, idx, d)
 
     def scatter_add(self, dim: int, index, src):
         """self with src[i][j] added at [i][index[i][j]] along ``dim`` (torch.scatter_add)."""
@@ -187,7 +187,7 @@ class Select(InPlace):
         if idx.dtype.kind not in "iu":
             raise RuntimeError(f"scatter_add: index must be an integer tensor, got {idx.dtype}")
         src = src if isinstance(src, InPlace) else self._leaf(as_array(src, dtype=self.dtype))
-        return shape_ops.ScatterAdd.apply(self, idx, src.astype(self.dtype), d)
+        return MS.ScatterAdd.apply(self, idx, src.astype(self.dtype), d)
 
     def index_select(self, dim: int, index):
         d = wrap_dim("index_select", dim, self.ndim)

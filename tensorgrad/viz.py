@@ -112,7 +112,7 @@ def to_dot(tensor: Tensor, params=None, expand: bool = False, path=None) -> str:
         '  rankdir=TB; node [shape=box, fontname="Helvetica", fontsize=10];',
         '  edge [fontname="Helvetica", fontsize=8];',
     ]
-    root = tensor._node
+    root = tensor.grad_fn
     if root is None:  # a leaf: the graph is the tensor itself
         label = names.get(id(tensor), "input") + f"\n{_shape(tensor.shape)} {tensor.dtype.name}"
         lines.append(f"  t0 [label={_quote(label)}, shape=ellipse];")

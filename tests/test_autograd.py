@@ -22,23 +22,23 @@ def dtype_log(monkeypatch):
     """Every array the tape creates: forward outputs, gradients between nodes, leaf gradients."""
     seen = []
     make = Tensor._make.__func__
-    acc_grad = engine._accumulate_grad
+    acc_grad = engine.accumulate_grad  # the per-leaf step the engine hands the walk
     acc = engine._accumulate
 
     def _make(cls, data, node, index):
         seen.append(("forward", getattr(data, "dtype", type(data))))
         return make(cls, data, node, index)
 
-    def _accumulate_grad(t, g):
+    def _accumulate_grad(handed, t, g):
         seen.append(("leaf grad", g.dtype))
-        return acc_grad(t, g)
+        return acc_grad(handed, t, g)
 
     def _accumulate(a, b):
         seen.append(("grad", b.dtype))
         return acc(a, b)
 
     monkeypatch.setattr(Tensor, "_make", classmethod(_make))
-    monkeypatch.setattr(engine, "_accumulate_grad", _accumulate_grad)
+    monkeypatch.setattr(engine, "accumulate_grad", _accumulate_grad)
     monkeypatch.setattr(engine, "_accumulate", _accumulate)
     return seen
 

@@ -76,6 +76,11 @@ NAMED = {  # (role, leaf module name) -> key
 }  # fmt: skip
 
 
+def is_shape_op(cls) -> bool:
+    """An op that moves or picks elements (view, transpose, gather, pad) rather than computing."""
+    return cls.__module__.endswith((".shape", ".more_shape"))
+
+
 @dataclass
 class Forward:
     """The named stages of one recorded forward: ``stages`` (JSON-able, in the order they ran),
@@ -227,7 +232,7 @@ class _Walk:
         ops = ev.ops
         names = [op.name for op in ops]
         gloss = GLOSS.get(short)
-        real = [op.name for op in ops if not op.cls.__module__.endswith(".shape")]
+        real = [op.name for op in ops if not is_shape_op(op.cls)]
         # the formula's ops, each once (x + attn + mlp in one statement is not 'x + attention')
         fits = bool(names) and gloss is not None and set(names) <= gloss[3]
         fits = fits and len(real) == len(set(real))
@@ -243,7 +248,7 @@ class _Walk:
         place = ev.place
         where = [list(place)] if place[1] else []
         for op in ops:
-            d = None if op.cls.__module__.endswith(".shape") else definition(op.cls)
+            d = None if is_shape_op(op.cls) else definition(op.cls)
             if d is not None and list(d) not in where:
                 where.append(list(d))
         return {
@@ -292,14 +297,14 @@ def _what_ran(ev) -> str:
     module's attribute and class ('ln_1 (RMSNorm)')."""
     if isinstance(ev, Call):
         return f"{ev.name} ({type(ev.module).__name__})"
-    names = [op.name.lower() for op in ev.ops if not op.cls.__module__.endswith(".shape")]
+    names = [op.name.lower() for op in ev.ops if not is_shape_op(op.cls)]
     names = names or [op.name.lower() for op in ev.ops]
     return " → ".join(n for k, n in enumerate(names) if k == 0 or n != names[k - 1])
 
 
 def _formula_of(ev) -> str:
     """What ran as a formula: one op's (``max(0, x)``), else the statement that ran it."""
-    ops = [op.name for op in ev.ops if not op.cls.__module__.endswith(".shape")]
+    ops = [op.name for op in ev.ops if not is_shape_op(op.cls)]
     if len(ops) == 1 and ops[0] in OP_FORMULA:
         return OP_FORMULA[ops[0]]
     return ev.place[3] or " → ".join(op.name for op in ev.ops)

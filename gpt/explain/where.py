@@ -25,7 +25,7 @@ PACKAGES = {"gpt": ROOT / "gpt", "tensorgrad": Path(tensorgrad.__file__).resolve
 
 # what the forward hooks cannot see: (package path, definition's qualified name, code in it)
 WHERE: dict[str, list[tuple[str, str, str]]] = {
-    "backward": [("tensorgrad/autograd/engine.py", "run_walk", "def run_walk")],
+    "backward": [("tensorgrad/autograd/walk.py", "walk", "def walk")],
     "wqkv_grad": [("tensorgrad/ops/linalg.py", "Linear.backward", "gw = matmul(_mT(g2), x2)")],
     "embedding_grad": [
         ("tensorgrad/ops/nn.py", "Embedding.backward", "return add_at(self.wshape, idx")

@@ -11,7 +11,11 @@
 ``create_graph=True`` records the backward itself, so gradients can be differentiated again
 (gradient penalties, Hessian-vector products, Newton's method). The library's own ops are
 ``Op`` subclasses (``graph.py``): forward on raw arrays, backward written once for arrays
-and Tensors alike.
+and Tensors alike. ``walk.py`` holds the plain backward path (``loss.backward()`` with no
+hooks, no retain_grad, no create_graph), ``engine.py`` the layers over it (``grad``, hooks,
+retained outputs, create_graph) and ``observe.py`` record_ops/unobserved.
+
+Imports: .functional, .engine, .function, .graph, .observe.
 """
 
 from . import functional
@@ -22,14 +26,13 @@ from .graph import (
     enable_grad,
     is_grad_enabled,
     no_grad,
-    record_ops,
     register_tensor_type,
     register_tensor_xp,
     set_grad_enabled,
     unbroadcast,
-    unobserved,
     xp_of,
 )
+from .observe import record_ops, unobserved
 
 __all__ = [
     "Function",

@@ -1,15 +1,19 @@
-"""The reverse walk: ``backward`` (into leaves' ``.grad``) and ``grad`` (returned, ``.grad``
-untouched), with tensor hooks and, under ``create_graph=True``, a recorded graph of the
-backward itself (so gradients can be differentiated again).
+"""The layers over the plain backward path (``walk.py``): ``backward``, the public entry point,
+which takes the plain path when nothing needs a layer; ``grad`` (gradients returned, ``.grad``
+untouched, the walk pruned to the nodes that lead to its inputs); tensor hooks; retain_grad's
+retained outputs; ``create_graph=True``, which records a graph of the backward itself (so
+gradients can be differentiated again); and ``queue_callback``, run after every backward.
 
-The walk is Kahn's algorithm over the nodes reachable from the outputs: count the edges
-into each node, run a node's backward once every edge into it has delivered its
-gradient. It is iterative, so graph depth is limited only by memory.
+The layers do not copy the walk: they run ``walk.walk`` with their own per-node and per-leaf
+steps (``_Layers``). ``backward`` needs them when create_graph is on or when a hook or a
+retained output has ever been registered (``_registered``, a count that never goes down).
+
+Imports: functools, ..devices, .graph, .walk.
 """
 
 from __future__ import annotations
 
-import sys
+from functools import partial
 
 from ..devices import get_array_module
 from .graph import (
@@ -23,11 +27,21 @@ from .graph import (
     saved_links,
     set_grad_enabled,
 )
+from .walk import (
+    accumulate_grad,
+    check_grads,
+    count_edges,
+    leaf_mismatch,
+    release,
+    run_node,
+    walk,
+)
 
 # ----------------------------------------------------------------------------- public entry points
 
 
 _callbacks: list = []  # run once, at the end of the next backward (queue_callback)
+_registered = 0  # hooks and retained outputs registered so far: while 0, the plain path will do
 
 
 def queue_callback(fn) -> None:
@@ -47,7 +61,11 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph: bool =
     try:
         roots = _roots(tensors, grad_tensors, create_graph, "backward")
         with set_grad_enabled(create_graph):
-            run_walk(roots, retain, create_graph, _Sink())
+            if create_graph or _registered:  # a layer may be needed: hooks, retained outputs
+                layers = _Layers(retain, create_graph)
+                walk(roots, layers.node, layers.leaf, True)
+            else:
+                walk(roots, run_node, partial(accumulate_grad, set()), retain)  # the plain path
     except BaseException:
         _callbacks.clear()  # a failed walk: its gradients are incomplete, nothing to finish
         raise
@@ -76,13 +94,14 @@ def grad(
             raise RuntimeError(f"grad: input {i} is not a tensor that requires grad")
     roots = _roots(outputs, grad_outputs, create_graph, "grad")
     keys = [id(x) if x._node is None else (id(x._node), x._out_index) for x in inputs]
-    sink = _Sink(dict.fromkeys(keys))
+    targets = dict.fromkeys(keys)
     retain = create_graph if retain_graph is None else retain_graph
+    layers = _Layers(retain, create_graph, targets, _leading_to(targets, roots))
     with set_grad_enabled(create_graph):
-        run_walk(roots, retain, create_graph, sink)
+        walk(roots, layers.node, layers.leaf, True)
     result = []
     for i, (x, key) in enumerate(zip(inputs, keys)):
-        g = sink.targets[key]
+        g = targets[key]
         if g is None and materialize_grads:
             g = _zeros(get_array_module(x.array), (x.array.shape, x.array.dtype), True)
         elif g is None and not allow_unused:
@@ -131,61 +150,89 @@ def _roots(outputs, grads, create_graph: bool, who: str) -> list:
     return roots
 
 
-# ----------------------------------------------------------------------------- the walk
+# ----------------------------------------------------------------------------- the layered steps
 
 
-class _Sink:
-    """Where gradients that reach leaves (and targets of ``grad``) end up."""
+class _Layers:
+    """The per-node and per-leaf steps of a walk that needs more than the plain path: hooks,
+    retain_grad's retained outputs, grad()'s inputs (``targets``) and create_graph. The walk
+    runs with retain_graph on: ``node`` releases each node it ran itself, unless ``retain``
+    (grad() leaves the nodes it prunes as they are)."""
 
-    def __init__(self, targets=None):
+    def __init__(self, retain: bool, create_graph: bool, targets=None, needed=None):
+        self.retain, self.create_graph = retain, create_graph
         self.targets = targets  # None: accumulate into leaves' .grad; else {key: gradient}
-        self.handed = set()  # ids of the arrays already stored as a .grad in this walk
+        self.needed = needed  # grad(): the nodes that lead to an input (None: every node)
+        self.plain_leaf = partial(accumulate_grad, set())  # the plain path's per-leaf step
+
+    def node(self, fn: Op, gys):
+        if self.needed is not None and fn not in self.needed:
+            return None  # grad(): no path to an input from here
+        gxs = self._run(fn, gys)
+        if not self.retain:
+            release(fn)
+        return gxs
+
+    def _run(self, fn: Op, gys):
+        """The plain path's ``run_node`` with the layers: hooks, retained and captured
+        gradients of fn's outputs, then fn's backward (recorded under create_graph)."""
+        if fn.released:
+            raise RuntimeError(RELEASED_MSG)
+        missing = [g is None for g in gys].count(True)  # (gys: () when no gradient reached fn)
+        if missing == len(gys):
+            return None
+        if fn.checks:
+            check_versions(fn)
+        if fn.hooks is not None or fn.retained is not None or self.targets is not None:
+            self._output_grads(fn, gys)
+        create_graph = self.create_graph
+        if missing:  # outputs that received no gradient contribute zeros
+            xp = get_array_module(*[g.array if is_tensor(g) else g for g in gys if g is not None])
+            gys = [
+                _zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)
+            ]
+        if create_graph:
+            return check_grads(fn, differentiable_backward(fn, [constant(g) for g in gys]))
+        return check_grads(fn, fn.backward(*gys))
+
+    def _output_grads(self, fn: Op, gys: list) -> None:
+        """Hooks on fn's outputs (which may replace a gradient in ``gys``), then the gradients
+        that retain_grad() keeps or grad() asks for."""
+        targets = self.targets
+        for i, g in enumerate(gys):
+            if g is None:
+                continue
+            if fn.hooks is not None and i in fn.hooks:
+                gys[i] = g = run_hooks(fn.hooks[i], g)
+            if targets is None and fn.retained is not None and i in fn.retained:
+                self.leaf(fn.retained[i], g)
+            elif targets is not None and (id(fn), i) in targets:
+                targets[(id(fn), i)] = _accumulate(targets[(id(fn), i)], g)
 
     def leaf(self, t, g) -> None:
         hooks = getattr(t, "_hooks", None)
         if hooks:
             g = run_hooks(hooks, g)
         if self.targets is None:
-            if not is_tensor(g) and id(g) in self.handed:
-                g = g.copy()  # Add hands one array to both inputs: no two .grad may share
-            self.handed.add(id(g))
-            _accumulate_grad(t, g)
+            if is_tensor(g):  # create_graph: .grad is a tensor of the graph, added out of place
+                _accumulate_graph_grad(t, g)
+            else:
+                self.plain_leaf(t, g)
         elif id(t) in self.targets:
             self.targets[id(t)] = _accumulate(self.targets[id(t)], g)
 
 
-def run_walk(roots, retain_graph: bool, create_graph: bool, sink: _Sink) -> None:
-    """Kahn's walk from ``roots``, a list of (tensor, seed gradient): a node runs its
-    backward once every edge into it has delivered its gradient."""
-    grads, starts = _seed(roots, sink)
-    pending = _count_edges(starts)
-    needed = None if sink.targets is None else _leading_to(sink.targets, starts, pending)
-    ready = [fn for fn in starts if pending[fn] == 0]
-    while ready:
-        fn = ready.pop()
-        if needed is not None and fn not in needed:  # grad(): no path to an input from here
-            gxs = None
-        else:
-            gxs = _run_node(fn, grads.pop(fn, None), create_graph, sink)
-            if not retain_graph:
-                _release(fn)
-        for e, gx in zip(fn.edges, gxs or [None] * len(fn.edges)):
-            if type(e) is not tuple:  # a leaf (or None: an input that needs no gradient)
-                if e is not None and gx is not None:
-                    sink.leaf(e, gx)
-                continue
-            node = e[0]
-            if gx is not None:
-                _deliver(grads, e, gx)
-            left = pending[node] - 1
-            pending[node] = left
-            if left == 0:
-                ready.append(node)
+def _accumulate_graph_grad(t, g) -> None:
+    a = t._array
+    if tuple(g.shape) != tuple(a.shape) or g.dtype != a.dtype:
+        raise RuntimeError(leaf_mismatch(g, a))
+    t.grad = g if t.grad is None else t.grad + g
 
 
-def _leading_to(targets: dict, starts, pending: dict) -> set:
+def _leading_to(targets: dict, roots) -> set:
     """The nodes from which some target (a leaf's id, or a node's (id, output)) is reached."""
-    count, order = dict(pending), []
+    starts = list(dict.fromkeys(t._node for t, _ in roots if t._node is not None))
+    count, order = count_edges(starts), []
     ready = [fn for fn in starts if count[fn] == 0]
     while ready:  # Kahn's order: every node before the nodes it feeds
         fn = ready.pop()
@@ -203,92 +250,6 @@ def _leading_to(targets: dict, starts, pending: dict) -> set:
         ):
             needed.add(fn)
     return needed
-
-
-def _seed(roots, sink: _Sink):
-    """The roots' gradients, per node and output (a leaf root goes straight to the sink)."""
-    grads, starts = {}, {}
-    for t, seed in roots:
-        if t._node is None:
-            sink.leaf(t, seed)
-        else:
-            _deliver(grads, (t._node, t._out_index), seed)
-            starts[t._node] = None
-    return grads, list(starts)
-
-
-def _deliver(grads: dict, edge, g) -> None:
-    node, k = edge
-    slot = grads.get(node)
-    if slot is None:
-        slot = grads[node] = [None] * node.n_out
-    old = slot[k]
-    slot[k] = g if old is None else old + g  # (_accumulate, inlined: once per edge)
-
-
-def _count_edges(starts) -> dict:
-    """For each node reachable from ``starts``, how many edges reach it from that subgraph."""
-    pending = dict.fromkeys(starts, 0)
-    stack = list(pending)
-    while stack:
-        for e in stack.pop().edges:
-            if type(e) is tuple:
-                n = e[0]
-                if n in pending:
-                    pending[n] += 1
-                else:
-                    pending[n] = 1
-                    stack.append(n)
-    return pending
-
-
-def _run_node(fn: Op, gys, create_graph: bool, sink: _Sink):
-    """Hooks, retained and captured gradients of fn's outputs, then fn's backward."""
-    if fn.released:
-        raise RuntimeError(RELEASED_MSG)
-    if gys is None:
-        return None
-    missing = 0  # outputs that received no gradient (counted without comparing arrays)
-    for g in gys:
-        if g is None:
-            missing += 1
-    if missing == len(gys):
-        return None
-    if fn.checks:
-        check_versions(fn)
-    if fn.hooks is not None or fn.retained is not None or sink.targets is not None:
-        _output_grads(fn, gys, sink)
-    if missing:  # outputs that received no gradient contribute zeros
-        xp = get_array_module(*[g.array if is_tensor(g) else g for g in gys if g is not None])
-        gys = [_zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)]
-    if create_graph:
-        gxs = differentiable_backward(fn, [constant(g) for g in gys])
-    else:
-        gxs = fn.backward(*gys)
-    if not isinstance(gxs, tuple):
-        gxs = (gxs,)
-    check_grads(fn, gxs)
-    return gxs
-
-
-def _output_grads(fn: Op, gys: list, sink: _Sink) -> None:
-    """Hooks on fn's outputs (which may replace a gradient in ``gys``), then the gradients
-    that retain_grad() keeps or grad() asks for."""
-    for i, g in enumerate(gys):
-        if g is None:
-            continue
-        if fn.hooks is not None and i in fn.hooks:
-            gys[i] = g = run_hooks(fn.hooks[i], g)
-        if sink.targets is None and fn.retained is not None and i in fn.retained:
-            sink.leaf(fn.retained[i], g)
-        elif sink.targets is not None and (id(fn), i) in sink.targets:
-            sink.targets[(id(fn), i)] = _accumulate(sink.targets[(id(fn), i)], g)
-
-
-def _release(fn: Op) -> None:
-    fn.__dict__.clear()
-    fn.checks = ()  # it holds the saved output tensors, and so their arrays
-    fn.released = True
 
 
 def _zeros(xp, meta, as_tensor: bool):
@@ -398,6 +359,7 @@ class RemovableHandle:
 
 def register_hook(t, hook) -> RemovableHandle:
     """Run ``hook(grad)`` when t's gradient is computed (before a leaf accumulates it)."""
+    global _registered
     if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that does not require grad")
     if t._node is None:
@@ -409,107 +371,19 @@ def register_hook(t, hook) -> RemovableHandle:
             t._node.hooks = {}
         hooks = t._node.hooks.setdefault(t._out_index, [])
     hooks.append(hook)
+    _registered += 1
     return RemovableHandle(hooks, hook)
 
 
-# ----------------------------------------------------------------------------- the contract
+# ----------------------------------------------------------------------------- retained outputs
 
 
-def check_grads(fn: Op, gxs) -> None:
-    """The gradient contract: one gradient per input, each exactly its input's shape and a
-    float dtype equal to the input's; never None for an input that requires grad, unless
-    the op lists that input in ``non_differentiable`` (PyTorch raises there too) or is a
-    user's Function (where None means no gradient, as in PyTorch)."""
-    in_meta = fn.in_meta
-    if len(gxs) == len(in_meta):  # the usual case, checked in one quick pass
-        for gx, meta in zip(gxs, in_meta):
-            if meta is not None and (
-                gx is None or getattr(gx, "shape", None) != meta[0] or gx.dtype != meta[1]
-            ):
-                break  # a None, or a mismatch: the pass below decides and explains
-        else:
-            return
-    if len(gxs) != len(fn.in_meta):
-        raise RuntimeError(
-            f"{fn.name}.backward returned {len(gxs)} gradients for {len(fn.in_meta)} inputs"
-        )
-    for i, (gx, meta) in enumerate(zip(gxs, fn.in_meta)):
-        if meta is None:
-            continue
-        if gx is None:
-            if fn.none_is_no_gradient or i in (fn.reference or type(fn)).non_differentiable:
-                continue
-            raise RuntimeError(
-                f"{fn.name}.backward returned no gradient for input {i}, which requires grad: "
-                "the derivative of this op for that input is not implemented (pass it "
-                "detached, or as a plain array)"
-            )
-        shape, dtype = meta
-        if not hasattr(gx, "shape") or tuple(gx.shape) != tuple(shape):
-            got = tuple(gx.shape) if hasattr(gx, "shape") else type(gx).__name__
-            raise RuntimeError(
-                f"{fn.name}.backward returned a gradient of shape {got} for input {i} of "
-                f"shape {tuple(shape)}"
-            )
-        if gx.dtype != dtype:
-            raise RuntimeError(
-                f"{fn.name}.backward returned a {gx.dtype} gradient for input {i} of dtype {dtype}"
-            )
-
-
-# ----------------------------------------------------------------------------- leaf .grad
-
-
-def _accumulate_grad(t, g) -> None:
-    """Add g (exactly t's shape and dtype, by the contract) into leaf t's ``.grad``."""
-    a = t._array
-    if tuple(g.shape) != tuple(a.shape) or g.dtype != a.dtype:
-        raise RuntimeError(
-            f"gradient of shape {tuple(g.shape)} and dtype {g.dtype} does not match the leaf's "
-            f"shape {tuple(a.shape)} and dtype {a.dtype}"
-        )
-    if is_tensor(g):  # create_graph: .grad is a tensor of the graph, added out of place
-        t.grad = g if t.grad is None else t.grad + g
-        return
-    if t.grad is None:
-        if not getattr(g.flags, "writeable", True):
-            g = g.copy()  # a broadcast view (from sum/mean/expand): .grad must be writable
-        t.grad = constant(g)
-        return
-    old = t.grad.array
-    if (
-        getattr(old, "base", None) is None  # owns its memory: not a view of a shared array
-        and getattr(old.flags, "writeable", True)
-        and _refs(old) <= _SOLE_REFS
-    ):
-        # nobody else holds this array (no view of it, no op saved it, no other tensor wraps
-        # it, no caller kept it from .numpy()), so adding in place changes only this .grad
-        # tensor, which is PyTorch's behaviour; it saves a fresh array per accumulation (154
-        # MB for GPT-2's tied embedding). Two parameters given one .grad tensor share it, as
-        # in PyTorch.
-        old += g
-        t.grad._version[0] += 1
-    else:
-        t.grad = constant(old + g)
-
-
-def _refs(a) -> int:
-    getrefcount = getattr(sys, "getrefcount", None)
-    return getrefcount(a) if getrefcount is not None else 1 << 30  # no refcounts: never
-
-
-class _Holder:
-    __slots__ = ("array",)
-
-
-def _calibrate() -> int:
-    """The reference count _accumulate_grad sees for an array held by one tensor only:
-    measured with the same code shape, because interpreters count a local variable or a
-    call's argument differently (CPython 3.14 borrows some references)."""
-    h = _Holder()
-    h.array = object()
-    old = h.array
-    return _refs(old)
-
-
-_SOLE_REFS = _calibrate()
+def retain_grad(t) -> None:
+    """Keep non-leaf t's gradient in its ``.grad`` during ``backward()`` (``Tensor.retain_grad``;
+    a leaf always keeps its own)."""
+    global _registered
+    if t._node is not None:
+        if t._node.retained is None:
+            t._node.retained = {}
+        t._node.retained[t._out_index] = t
+        _registered += 1

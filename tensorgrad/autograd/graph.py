@@ -14,6 +14,11 @@ the walk records a graph of the backward (``create_graph=True``). So each deriva
 written once and is itself differentiable. For that, an op saves only its inputs, its
 outputs and constants (masks, indices): the walk reconnects saved inputs and outputs to
 the graph before it runs a backward on Tensors.
+
+Also here: the errors a node's backward can meet (``RELEASED_MSG``, ``check_versions``, and
+``explain_grads``, the gradient contract's explanation of a breach).
+
+Imports: contextlib, threading, numpy, ..devices, ..kernels.
 """
 
 from __future__ import annotations
@@ -341,36 +346,33 @@ def check_versions(fn: Op, checks=None) -> None:
             )
 
 
-class record_ops(contextlib.ContextDecorator):
-    """Watch the ops run: inside the block, ``observer(op, ran, inputs, kwargs, outputs)`` is
-    called after each op's forward (``op_observers``), with the reference Op class (e.g.
-    ``tensorgrad.ops.nn.Softmax``; your ``Function`` subclass for yours), the instance that ran
-    (a kernel's or the reference's; None for a Function), the inputs and keyword arguments as
-    passed, and the output Tensors. For tools that show a model's intermediate values as they
-    are made (gpt-explain finds the attention's scores this way); the observer must leave them
-    as they are. Process-wide; nested blocks each see every op."""
-
-    def __init__(self, observer):
-        self.observer = observer
-
-    def __enter__(self):
-        op_observers.append(self.observer)
-        return self.observer
-
-    def __exit__(self, *exc):
-        op_observers.remove(self.observer)
-        return False
-
-
-class unobserved(contextlib.ContextDecorator):
-    """Ops run inside are not shown to op observers: a side computation that is not part of
-    the forward being watched (a model's self-check on a copy of itself), so that neither a
-    trace (tensorgrad.compile) nor a tool that records stages (record_ops) takes it in."""
-
-    def __enter__(self):
-        self.saved = list(op_observers)
-        op_observers.clear()
-
-    def __exit__(self, *exc):
-        op_observers[:] = self.saved
-        return False
+def explain_grads(fn: Op, gxs) -> None:
+    """The gradient contract's slow pass (``walk.check_grads`` runs it when its fast pass
+    meets a None or a mismatch): raise the error that explains the breach, or return when
+    the None is allowed."""
+    if len(gxs) != len(fn.in_meta):
+        raise RuntimeError(
+            f"{fn.name}.backward returned {len(gxs)} gradients for {len(fn.in_meta)} inputs"
+        )
+    for i, (gx, meta) in enumerate(zip(gxs, fn.in_meta)):
+        if meta is None:
+            continue
+        if gx is None:
+            if fn.none_is_no_gradient or i in (fn.reference or type(fn)).non_differentiable:
+                continue
+            raise RuntimeError(
+                f"{fn.name}.backward returned no gradient for input {i}, which requires grad: "
+                "the derivative of this op for that input is not implemented (pass it "
+                "detached, or as a plain array)"
+            )
+        shape, dtype = meta
+        if not hasattr(gx, "shape") or tuple(gx.shape) != tuple(shape):
+            got = tuple(gx.shape) if hasattr(gx, "shape") else type(gx).__name__
+            raise RuntimeError(
+                f"{fn.name}.backward returned a gradient of shape {got} for input {i} of "
+                f"shape {tuple(shape)}"
+            )
+        if gx.dtype != dtype:
+            raise RuntimeError(
+                f"{fn.name}.backward returned a {gx.dtype} gradient for input {i} of dtype {dtype}"
+            )

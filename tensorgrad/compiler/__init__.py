@@ -246,7 +246,7 @@ def compile(  # noqa: A001  (torch.compile's name)
         return lambda m: compile(m, fullgraph=fullgraph, disable=disable)
     if disable:
         return model
-    from ..nn.modules import Module
+    from ..nn.module import Module
 
     if isinstance(model, Module):
         if isinstance(model.__dict__.get("forward"), CompiledForward):

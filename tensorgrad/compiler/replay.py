@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import graph as tape
-from ..autograd.engine import check_grads
 from ..autograd.engine import grad as autograd_grad
+from ..autograd.walk import check_grads
 from ..devices import get_array_module
 from .trace import Graph
 

@@ -98,14 +98,14 @@ class Tracer:
         for k, t in enumerate(live):
             self._bind(t, k)
             self.graph.needs_grad.append(isinstance(t, Tensor) and t.requires_grad)
-            a = t._array if isinstance(t, Tensor) else t
+            a = t.array if isinstance(t, Tensor) else t
             self.graph.meta.append((tuple(a.shape), a.dtype))
             if devices.device_of(a) != "cpu":
                 self.graph.device = devices.device_of(a)
 
     def traced(self, x) -> bool:
         """Whether x is a value of the trace (a live input or an op's output)."""
-        return isinstance(x, Tensor) and (id(x) in self.slot_of or id(x._array) in self.slot_of)
+        return isinstance(x, Tensor) and (id(x) in self.slot_of or id(x.array) in self.slot_of)
 
     def fail(self, reason: str) -> None:
         if self.graph.reason is None:
@@ -115,18 +115,18 @@ class Tracer:
         self.keep.append(x)
         self.slot_of[id(x)] = slot
         if isinstance(x, Tensor):
-            self.slot_of.setdefault(id(x._array), slot)
-            self.keep.append(x._array)
-            self.versions.append((x, x._version[0]))
+            self.slot_of.setdefault(id(x.array), slot)
+            self.keep.append(x.array)
+            self.versions.append((x, x.version))
 
     def value(self, x):
         """Where input x of an op comes from: ("v", slot) or ("c", constant)."""
         slot = self.slot_of.get(id(x))
         if slot is None and isinstance(x, Tensor):
-            slot = self.slot_of.get(id(x._array))  # the same array in another Tensor
+            slot = self.slot_of.get(id(x.array))  # the same array in another Tensor
         if slot is not None:
             if isinstance(x, Tensor):
-                self.versions.append((x, x._version[0]))
+                self.versions.append((x, x.version))
             return ("v", slot)
         if isinstance(x, Tensor):
             if x.requires_grad:
@@ -134,7 +134,7 @@ class Tracer:
                     "it uses a tensor that requires grad and is neither an input, a "
                     "parameter nor a buffer"
                 )
-            return ("c", x._array)
+            return ("c", x.array)
         return ("c", x)
 
     def __call__(self, cls, fn, inputs, kwargs, results) -> None:
@@ -148,20 +148,21 @@ class Tracer:
         g = self.graph
         ins = [self.value(x) for x in inputs]
         kw = {k: self.value(v) if hasattr(v, "dtype") else ("c", v) for k, v in kwargs.items()}
-        outs = []
+        outs, meta = [], []
         for r in results:
             slot = len(g.needs_grad)
+            a = r.array
+            meta.append((tuple(a.shape), a.dtype))
             g.needs_grad.append(r.requires_grad)
-            g.meta.append((tuple(r._array.shape), r._array.dtype))
+            g.meta.append(meta[-1])
             self._bind(r, slot)
             outs.append(slot)
         needs = tuple(bool(n) for n in fn.needs_input_grad)
-        meta = [(tuple(r._array.shape), r._array.dtype) for r in results]
         g.steps.append(Step(cls, type(fn), ins, kw, outs, needs, meta))
 
     def finish(self, result) -> Graph:
         g = self.graph
-        if any(t._version[0] != v for t, v in self.versions):
+        if any(t.version != v for t, v in self.versions):
             self.fail("it writes into a tensor in place (running statistics, x += ...)")
         g.outputs = self._outputs(result)
         read = {v for st in g.steps for kind, v in [*st.ins, *st.kwargs.values()] if kind == "v"}
@@ -185,9 +186,15 @@ class Tracer:
 
 _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
 # Tensor methods whose results are computed outside the tape (no op records them): on a traced
-# value, replay would reuse the result of the trace as a constant
-_OFF_TAPE = ("_compare", "__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax")
-_OFF_TAPE += ("argmin", "_no_grad_binary", "nonzero")
+# value, replay would reuse the result of the trace as a constant. Every public name of a
+# comparison and of // and % is listed (an alias such as ``eq`` is a name of its own).
+_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "eq", "ne", "lt")
+_COMPARISONS += ("le", "gt", "ge", "__and__", "__or__", "__xor__", "logical_and", "logical_or")
+_COMPARISONS += ("logical_xor",)
+_FLOOR_MOD = ("__floordiv__", "__rfloordiv__", "floor_divide", "__mod__", "__rmod__")
+_OFF_TAPE = ("__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax", "argmin")
+_OFF_TAPE += ("nonzero", *_COMPARISONS, *_FLOOR_MOD)
+_WHAT = {**dict.fromkeys(_COMPARISONS, "a comparison"), **dict.fromkeys(_FLOOR_MOD, "// or %")}
 _CONVERSIONS = ("as_array", "tensor")  # tensorgrad functions that hand an array to their caller
 
 
@@ -221,7 +228,7 @@ def tracing(tracer: Tracer):
     def computed_off_tape(name, method):
         def compute(self, *args, **kwargs):
             if tracer in tape.op_observers and any(tracer.traced(t) for t in (self, *args)):
-                what = {"_compare": "a comparison", "_no_grad_binary": "// or %"}.get(name, name)
+                what = _WHAT.get(name, name)
                 tracer.fail(f"it computes {what} of a traced tensor, which no op records")
             return method(self, *args, **kwargs)
 
@@ -236,7 +243,7 @@ def tracing(tracer: Tracer):
             frame = frame.f_back
         if not _ours(frame) and tracer in tape.op_observers:
             tracer.fail("it reads a tensor's array (.array, as_array) in Python")
-        return self._array
+        return array.fget(self)
 
     for name, method in saved.items():
         setattr(Tensor, name, reader(name, method))

@@ -320,7 +320,7 @@ def _write_back(t, a) -> None:
     """The result a into tensor t's own memory (a Tensor from .data shares it with its
     owner), counted as an in-place change."""
     get_array_module(a).copyto(t.array, a)
-    t._version[0] += 1
+    t.mark_written()
 
 
 def _all_reduce_inplace(a, op: str) -> None:
@@ -601,7 +601,7 @@ class DataParallel:
                         p.array.shape
                     )  # a fresh buffer each step: no aliasing
                     g = g if g.dtype == p.array.dtype else g.astype(p.array.dtype)
-                    p.grad = Tensor._make(g, None, 0)
+                    p.grad = Tensor(g)  # holds g itself: no copy
                 o += n
             self.comm_bytes += flat.nbytes
         self.reductions += 1

@@ -71,7 +71,7 @@ def trunc_normal_(
             fresh = tensor.clone().normal_(mean, std, generator=generator).array
             xp_data[bad] = fresh[bad]
             bad = (xp_data < a) | (xp_data > b)
-        tensor._version[0] += 1
+        tensor.mark_written()
     return tensor
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from ..autograd import is_grad_enabled, queue_callback
 from ..distributed import DataParallel
-from .modules import Module
+from .module import Module
 
 
 class DistributedDataParallel(Module):

@@ -1,17 +1,17 @@
-"""Elementwise ops: arithmetic with broadcasting, unary math, where / masked_fill.
+"""Elementwise ops: arithmetic with broadcasting, exp / log / sqrt / tanh / abs / relu /
+sigmoid, where / masked_fill, and casts. (clamp, maximum, sin, ... are in ``more_math.py``.)
 
 Binary ops accept a Python scalar as either operand; it keeps the tensor's
 dtype (NumPy's weak scalar promotion), so float32 stays float32.
+
+Imports: ..autograd, ..devices.
 """
 
 from __future__ import annotations
 
-import math
-
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
 from ..devices import errstate, get_array_module
-from .special import erf_array
 
 
 def _shape(a):
@@ -21,14 +21,6 @@ def _shape(a):
 def _data(a):
     """The array of a saved value (a Tensor under create_graph), for masks and comparisons."""
     return a.array if is_tensor(a) else a
-
-
-def _gt(a, b):
-    return a > b
-
-
-def _lt(a, b):
-    return a < b
 
 
 def _broadcastable(sx, sy) -> bool:
@@ -55,7 +47,11 @@ def _float_of(x, y):
     return x, y
 
 
-class _Binary(Op):
+class BinaryOp(Op):
+    """Base of the broadcasting binary ops: checks that the shapes broadcast, gives an integer
+    operand a float operand's dtype, then runs ``compute``; ``reduce`` sums each gradient back
+    to its operand's shape."""
+
     def forward(self, x, y):
         self.sx = sx = getattr(x, "shape", ())
         self.sy = sy = getattr(y, "shape", ())
@@ -71,7 +67,7 @@ class _Binary(Op):
         )
 
 
-class Add(_Binary):
+class Add(BinaryOp):
     def compute(self, x, y):
         return x + y
 
@@ -80,7 +76,7 @@ class Add(_Binary):
         return self.reduce(g if nx else None, g if ny else None)
 
 
-class Sub(_Binary):
+class Sub(BinaryOp):
     def compute(self, x, y):
         return x - y
 
@@ -89,7 +85,7 @@ class Sub(_Binary):
         return self.reduce(g if nx else None, -g if ny else None)
 
 
-class Mul(_Binary):
+class Mul(BinaryOp):
     def compute(self, x, y):
         nx, ny = self.needs_input_grad
         self.save(x if ny else None, y if nx else None)  # only what a wanted gradient reads
@@ -101,7 +97,7 @@ class Mul(_Binary):
         return self.reduce(g * y if nx else None, g * x if ny else None)
 
 
-class Div(_Binary):
+class Div(BinaryOp):
     def compute(self, x, y):
         self.save(x if self.needs_input_grad[1] else None, y)
         return x / y
@@ -113,7 +109,7 @@ class Div(_Binary):
         return self.reduce(gx if nx else None, -gx * x / y if ny else None)
 
 
-class Pow(_Binary):
+class Pow(BinaryOp):
     """x ** y; the gradient for y uses log(x) and is only formed when y needs it."""
 
     def compute(self, x, y):
@@ -261,86 +257,3 @@ class Cast(Op):
 
     def backward(self, g):
         return g.astype(self.dtype_in), None
-
-
-class Clamp(Op):
-    """clip(x, lo, hi) (either bound None, a number or an array that broadcasts); the
-    gradient reaches x where lo <= x <= hi, lo where x < lo < hi, and hi where x > hi or
-    hi < lo (the output is hi there), as torch.clamp's."""
-
-    def forward(self, x, lo=None, hi=None):
-        xp = get_array_module(x)
-        self.save(x, lo, hi)
-        self.shapes = (_shape(x), _shape(lo), _shape(hi))
-        self.dtypes = tuple(getattr(b, "dtype", None) for b in (lo, hi))
-        y = x
-        if lo is not None:
-            y = xp.maximum(y, xp.asarray(lo, dtype=x.dtype))
-        if hi is not None:
-            y = xp.minimum(y, xp.asarray(hi, dtype=x.dtype))
-        return y
-
-    def backward(self, g):
-        x, lo, hi = (_data(a) for a in self.saved)
-        sx, slo, shi = self.shapes
-        keep = x == x  # False only at NaN
-        if lo is not None:
-            keep = keep & (x >= lo)
-        if hi is not None:
-            keep = keep & (x <= hi)
-        gx = unbroadcast(g * keep.astype(g.dtype), sx)
-        glo = ghi = None
-        if self.needs_input_grad[1]:
-            to_lo = (x < lo) & (lo < hi) if hi is not None else x < lo
-            glo = unbroadcast(g * to_lo.astype(g.dtype), slo).astype(self.dtypes[0])
-        if self.needs_input_grad[2]:
-            to_hi = (x > hi) | (hi < lo) if lo is not None else x > hi
-            ghi = unbroadcast(g * to_hi.astype(g.dtype), shi).astype(self.dtypes[1])
-        return gx, glo, ghi
-
-
-def _split_ties(g, x, y, x_wins, y_wins):
-    x, y = _data(x), _data(y)
-    half = (x == y).astype(g.dtype) * g.dtype.type(0.5)
-    return g * (x_wins(x, y).astype(g.dtype) + half), g * (y_wins(x, y).astype(g.dtype) + half)
-
-
-class Maximum(_Binary):
-    """max(x, y) elementwise; at ties each input gets half the gradient (as torch.maximum)."""
-
-    def compute(self, x, y):
-        self.save(x, y)
-        return get_array_module(x, y).maximum(x, y)
-
-    def backward(self, g):
-        x, y = self.saved
-        return self.reduce(*_split_ties(g, x, y, _gt, _lt))
-
-
-class Minimum(_Binary):
-    """min(x, y) elementwise; at ties each input gets half the gradient (as torch.minimum)."""
-
-    def compute(self, x, y):
-        self.save(x, y)
-        return get_array_module(x, y).minimum(x, y)
-
-    def backward(self, g):
-        x, y = self.saved
-        return self.reduce(*_split_ties(g, x, y, _lt, _gt))
-
-
-class Erf(Op):
-    """erf(x) = 2/√π ∫₀ˣ e^(-t²) dt;  ∂/∂x = 2/√π · e^(-x²)."""
-
-    def forward(self, x):
-        self.save(x)
-        return erf_array(get_array_module(x), x)
-
-    def backward(self, g):
-        (x,) = self.saved
-        return g * (xp_of(x).exp(-(x * x)) * x.dtype.type(2 / math.sqrt(math.pi)))
-
-
-def erf(x):
-    """erf elementwise: of an array, or (recorded) of a Tensor."""
-    return Erf.apply(x) if is_tensor(x) else erf_array(get_array_module(x), x)

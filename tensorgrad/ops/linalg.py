@@ -1,11 +1,15 @@
-"""Matrix products: batched ``matmul`` with broadcasting, and the fused ``linear``."""
+"""Matrix products: batched ``matmul`` with broadcasting, and the fused ``linear``. (einsum is
+in ``more_math.py``.)
+
+Imports: .. (the kernel registry), ..autograd, ..devices.
+"""
 
 from __future__ import annotations
 
 from .. import kernels
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..devices import device_of, get_array_module
+from ..devices import device_of
 
 
 def matmul(x, y):
@@ -87,63 +91,3 @@ class Linear(Op):
         gw = matmul(_mT(g2), x2)
         gb = xp.sum(g2, axis=0) if self.has_b else None
         return gx, gw, gb
-
-
-def _einsum_spec(equation: str, ndims) -> tuple:
-    """(input subscripts, output subscript) with '...' spelled out as letters."""
-    eq = equation.replace(" ", "")
-    lhs, arrow, rhs = eq.partition("->")
-    ins = lhs.split(",")
-    if len(ins) != len(ndims):
-        raise ValueError(f"einsum: {equation!r} names {len(ins)} operands, got {len(ndims)}")
-    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
-    n_ell = max(
-        (nd - len(s.replace("...", "")) for s, nd in zip(ins, ndims) if "..." in s), default=0
-    )
-    ell = "".join(spare[:n_ell])
-    ins = [
-        s.replace("...", ell[len(ell) - (nd - len(s.replace("...", ""))) :])
-        for s, nd in zip(ins, ndims)
-    ]
-    if not arrow:  # implicit output: the letters seen once, sorted, after the ellipsis dims
-        letters = "".join(ins)
-        rhs = ell + "".join(
-            sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell)
-        )
-    else:
-        rhs = rhs.replace("...", ell)
-    for s, nd in zip(ins, ndims):
-        if len(s) != nd:
-            raise ValueError(f"einsum: subscript {s!r} does not match an operand with {nd} dims")
-        if len(set(s)) != len(s):
-            raise ValueError(f"einsum: repeated subscript in {s!r} (diagonals) is not supported")
-    return ins, rhs
-
-
-class Einsum(Op):
-    """xp.einsum; the gradient of each operand is the einsum of g with the others."""
-
-    def forward(self, *xs, equation):
-        xp = get_array_module(*xs)
-        self.ins, self.out = _einsum_spec(equation, [x.ndim for x in xs])
-        self.save(*xs)
-        spec = ",".join(self.ins) + "->" + self.out
-        return xp.einsum(spec, *xs)
-
-    def backward(self, g):
-        xs = self.saved
-        xp = xp_of(g, *xs)
-        gxs = []
-        for i, (x, s) in enumerate(zip(xs, self.ins)):
-            if not self.needs_input_grad[i]:
-                gxs.append(None)
-                continue
-            others = [(xs[j], self.ins[j]) for j in range(len(xs)) if j != i]
-            seen = set(self.out).union(*[set(o) for _, o in others])
-            kept = "".join(c for c in s if c in seen)  # letters summed in x alone broadcast back
-            spec = ",".join([self.out] + [o for _, o in others]) + "->" + kept
-            gk = xp.einsum(spec, g, *[a for a, _ in others])
-            shape = [x.shape[k] if c in seen else 1 for k, c in enumerate(s)]
-            gk = xp.broadcast_to(xp.reshape(gk, shape), x.shape)
-            gxs.append(gk if gk.dtype == x.dtype else gk.astype(x.dtype))
-        return tuple(gxs)

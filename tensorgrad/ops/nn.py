@@ -5,6 +5,8 @@ Each op is written once, as the formula a reader knows, in plain array math thro
 faster: the chunked CPU passes and compiled kernels in ``tensorgrad/kernels/``, the
 CUDA kernels in ``tensorgrad/cuda/``, registered under the same ``op`` name and
 checked against these by the registry test.
+
+Imports: math, ..autograd, ..devices, .linalg (matmul), .shape (add_at), .special (erf).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import math
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
 from ..devices import device_of, errstate, get_array_module, is_cpu_array, rng
-from .elementwise import erf
 from .linalg import matmul
 from .shape import add_at
+from .special import erf
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # GELU's tanh form (the kernels use these too)
 GELU_C = 0.044715

@@ -1,10 +1,13 @@
-"""Reductions over ``dim`` (int, tuple or None; negative allowed) with ``keepdim``."""
+"""Reductions over ``dim`` (int, tuple or None; negative allowed) with ``keepdim``: sum, mean,
+max. (var, cumsum and prod are in ``more_math.py``.)
+
+Imports: ..autograd, .dims.
+"""
 
 from __future__ import annotations
 
 from ..autograd import Op, xp_of
 from ..autograd.graph import is_tensor
-from ..devices import errstate, get_array_module
 from .dims import wrap_dims
 
 
@@ -13,7 +16,7 @@ def normalize_dims(dim, ndim: int, op: str = "reduce") -> tuple:
     return tuple(sorted(wrap_dims(op, dim, ndim))) if ndim else ()
 
 
-def _expand_back(g, shape, axes, keepdim):
+def expand_back(g, shape, axes, keepdim):
     """Re-insert reduced axes so that ``g`` broadcasts against the input."""
     if not keepdim and axes:
         g = xp_of(g).reshape(g, [1 if i in axes else s for i, s in enumerate(shape)])
@@ -28,7 +31,7 @@ class Sum(Op):
         return x.sum(axis=self.axes, keepdims=keepdim)
 
     def backward(self, g):
-        g = _expand_back(g, self.shape, self.axes, self.keepdim)
+        g = expand_back(g, self.shape, self.axes, self.keepdim)
         return xp_of(g).broadcast_to(g, self.shape)
 
 
@@ -43,32 +46,8 @@ class Mean(Op):
         return x.mean(axis=self.axes, keepdims=keepdim)
 
     def backward(self, g):
-        g = _expand_back(g, self.shape, self.axes, self.keepdim)
+        g = expand_back(g, self.shape, self.axes, self.keepdim)
         return xp_of(g).broadcast_to(g / g.dtype.type(self.n), self.shape)
-
-
-class Var(Op):
-    """Variance with ``correction`` (1 = unbiased, PyTorch's default)."""
-
-    def forward(self, x, dim=None, keepdim=False, correction=1):
-        xp = get_array_module(x)
-        self.axes = normalize_dims(dim, x.ndim, self.name.lower())
-        self.keepdim = keepdim
-        n = 1
-        for a in self.axes:
-            n *= x.shape[a]
-        self.denom = max(n - correction, 0)
-        xc = x - x.mean(axis=self.axes, keepdims=True)
-        self.save(x)
-        with errstate(xp, divide="ignore", invalid="ignore"):
-            return (xc * xc).sum(axis=self.axes, keepdims=keepdim) / x.dtype.type(self.denom)
-
-    def backward(self, g):
-        (x,) = self.saved
-        xc = x - xp_of(x).mean(x, axis=self.axes, keepdims=True)
-        g = _expand_back(g, x.shape, self.axes, self.keepdim)
-        with errstate(get_array_module(), divide="ignore", invalid="ignore"):
-            return g * xc * (x.dtype.type(2) / x.dtype.type(self.denom))
 
 
 class Max(Op):
@@ -85,19 +64,7 @@ class Max(Op):
 
     def backward(self, g):
         x, y = (a.array if is_tensor(a) else a for a in self.saved)  # the ties carry no gradient
-        g = _expand_back(g, x.shape, self.axes, self.keepdim)
+        g = expand_back(g, x.shape, self.axes, self.keepdim)
         hit = x == y
         count = hit.sum(axis=self.axes, keepdims=True).astype(g.dtype)
         return g * hit / count
-
-
-class Cumsum(Op):
-    """Running sum along ``dim``;  the gradient is the reversed running sum of g."""
-
-    def forward(self, x, dim):
-        self.dim = dim
-        return get_array_module(x).cumsum(x, axis=dim, dtype=x.dtype)
-
-    def backward(self, g):
-        xp = xp_of(g)
-        return xp.flip(xp.cumsum(xp.flip(g, self.dim), axis=self.dim), self.dim), None

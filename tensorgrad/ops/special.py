@@ -1,9 +1,16 @@
-"""Special functions NumPy lacks: erf, for the exact GELU (the recorded op is
-``elementwise.Erf``; this is its forward on arrays)."""
+"""erf, the special function NumPy lacks, for the exact GELU (``Gelu`` of ``nn.py`` with
+approximate='none'): ``erf_array`` on arrays, the recorded ``Erf`` op, and ``erf`` for either.
+
+Imports: math, ..autograd, ..devices.
+"""
 
 from __future__ import annotations
 
 import math
+
+from ..autograd import Op, xp_of
+from ..autograd.graph import is_tensor
+from ..devices import get_array_module
 
 # Abramowitz & Stegun 7.1.26-style rational erfc of W. J. Cody (1969), as in most libms:
 # accurate to float64 rounding on float64 inputs, which the simpler fits are not
@@ -97,3 +104,20 @@ def _erfc_scale(xp, z):
     """exp(-z²), with z² split into a 1/16-rounded part and a rest so no bits are lost."""
     zr = xp.trunc(z * 16) / 16
     return xp.exp(-zr * zr) * xp.exp(-(z - zr) * (z + zr))
+
+
+class Erf(Op):
+    """erf(x) = 2/√π ∫₀ˣ e^(-t²) dt;  ∂/∂x = 2/√π · e^(-x²)."""
+
+    def forward(self, x):
+        self.save(x)
+        return erf_array(get_array_module(x), x)
+
+    def backward(self, g):
+        (x,) = self.saved
+        return g * (xp_of(x).exp(-(x * x)) * x.dtype.type(2 / math.sqrt(math.pi)))
+
+
+def erf(x):
+    """erf elementwise: of an array, or (recorded) of a Tensor."""
+    return Erf.apply(x) if is_tensor(x) else erf_array(get_array_module(x), x)

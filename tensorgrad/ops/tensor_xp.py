@@ -6,6 +6,8 @@ Backward code is written once, against ``xp = xp_of(g)`` and NumPy's signatures
 that is NumPy (or CuPy) itself, the fast path; on Tensors it is this namespace, so the
 backward builds a graph and its result can be differentiated again. Masks, indices and
 shapes stay plain arrays and values: they carry no gradient.
+
+Imports: ..autograd, ..devices, and the op files beside it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from ..autograd.graph import constant, is_tensor
 from ..devices import get_array_module
 from . import elementwise as E
 from . import linalg, reduce
+from . import more_math as M
+from . import more_shape as MS
 from . import shape as S
-from . import unary as U
 
 
 def _data(a):
@@ -42,17 +45,17 @@ class TensorXP:
     sqrt = staticmethod(E.Sqrt.apply)
     tanh = staticmethod(E.Tanh.apply)
     abs = staticmethod(E.Abs.apply)
-    sin = staticmethod(U.Sin.apply)
-    cos = staticmethod(U.Cos.apply)
+    sin = staticmethod(M.Sin.apply)
+    cos = staticmethod(M.Cos.apply)
 
     def where(self, cond, x, y):
         return E.Where.apply(_data(cond), x, y)
 
     def maximum(self, x, y):
-        return E.Maximum.apply(x, y)
+        return M.Maximum.apply(x, y)
 
     def minimum(self, x, y):
-        return E.Minimum.apply(x, y)
+        return M.Minimum.apply(x, y)
 
     # reductions
     def sum(self, a, axis=None, keepdims=False):
@@ -62,7 +65,7 @@ class TensorXP:
         return reduce.Mean.apply(a, dim=axis, keepdim=keepdims)
 
     def cumsum(self, a, axis):
-        return reduce.Cumsum.apply(a, axis)
+        return M.Cumsum.apply(a, axis)
 
     # shapes
     def reshape(self, a, shape):
@@ -90,7 +93,7 @@ class TensorXP:
         return a
 
     def roll(self, a, shift, axis=None):
-        return U.Roll.apply(a, shifts=shift, dims=axis)
+        return MS.Roll.apply(a, shifts=shift, dims=axis)
 
     def concatenate(self, xs, axis=0):
         return S.Cat.apply(*xs, dim=axis)
@@ -103,18 +106,18 @@ class TensorXP:
         return list(S.Split.apply(a, [b - c for c, b in zip(bounds, bounds[1:])], axis))
 
     def take_along_axis(self, a, index, axis):
-        return S.Gather.apply(a, _data(index), axis)
+        return MS.Gather.apply(a, _data(index), axis)
 
     def pad(self, a, widths):
         flat = [int(v) for pair in reversed(list(widths)) for v in pair]
-        return S.Pad.apply(a, flat)
+        return MS.Pad.apply(a, flat)
 
     # products
     def matmul(self, x, y):
         return linalg.MatMul.apply(x, y)
 
     def einsum(self, spec, *xs):
-        return linalg.Einsum.apply(*xs, equation=spec)
+        return M.Einsum.apply(*xs, equation=spec)
 
 
 register_tensor_xp(TensorXP())

@@ -7,7 +7,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from ...factory import randperm
+from ...sampling import randperm
 from ...tensor import Tensor
 from .sampler import check_generator
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ...factory import Generator, multinomial, randint, randperm, tensor
+from ...factory import tensor
+from ...sampling import Generator, multinomial, randint, randperm
 
 _CHUNK = 1024  # indices drawn at a time with replacement (num_samples may be 1e10)
 
