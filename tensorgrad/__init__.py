@@ -7,6 +7,10 @@
 
 Its names are PyTorch's (``import tensorgrad as torch`` ports GPT code;
 docs/porting-differences.md lists what differs on purpose).
+
+Imports: importlib, numpy, .amp, .autograd, .backends, .compiler, .cuda, .devices,
+.distributed, .factory, .gradcheck, .kernels, .nn, .ops, .optim, .sampling, .serialization,
+.tensor, .tensor_functions, .types, .utils, .viz.
 """
 
 from importlib import metadata as _metadata

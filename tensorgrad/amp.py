@@ -17,6 +17,8 @@ cores, for the block only. float16 has no such tensor-core mode here, so it is r
 
 ``bfloat16`` is a dtype name for autocast only: NumPy has no bfloat16 storage, so a tensor of
 it cannot be made (using it as a dtype raises one line saying so). ``float16`` is NumPy's.
+
+Imports: contextlib, math, numpy, warnings, .cuda, .devices.
 """
 
 from __future__ import annotations

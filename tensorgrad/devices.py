@@ -4,6 +4,8 @@ Everything else asks this module for the array module of its inputs (``xp``),
 moves arrays between devices through it, and draws random numbers from its
 seeded generators. CuPy is imported lazily, only when a 'cuda' device is asked
 for, so ``import tensorgrad`` never touches it.
+
+Imports: contextlib, ctypes, numpy, os, sys.
 """
 
 from __future__ import annotations

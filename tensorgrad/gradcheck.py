@@ -1,5 +1,8 @@
 """Gradient checking: tape gradients against float64 central finite differences, and
-second derivatives (``gradgradcheck``) against finite differences of the first."""
+second derivatives (``gradgradcheck``) against finite differences of the first.
+
+Imports: numpy, .autograd, .devices, .tensor.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ apart and the indexed dim moves to the front: shape (2, 3). PyTorch applies inte
 basic indexing, and then the arrays: shape (3, 2). ``index_steps`` turns a user's key into the
 one or two NumPy keys that give PyTorch's result; every ``x[key]`` and ``x[key] = v`` goes
 through it.
+
+Imports: numpy.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Floats take 4 decimals, or none (``1.``) when every value is whole, or scientifi
 (``1.0000e-05``) when the values span more than 1000x, exceed 1e8 or go below 1e-4. All
 elements share one width. The dtype is shown unless it is float32, int64 or bool; then
 ``device='cuda:0'``, ``requires_grad=True`` (a leaf) or ``grad_fn=<MulBackward0>``.
+
+Imports: numpy, .devices.
 """
 
 from __future__ import annotations

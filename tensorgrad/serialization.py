@@ -6,6 +6,9 @@ with each tensor replaced by a reference to its entry. Loading never executes co
 file, and treats it as untrusted: it must be a regular file whose header describes exactly its
 bytes, and only the arrays the JSON names are read (each once, at its offsets). Anything else
 is one ``ValueError`` line: "load: <path> is not a tensorgrad file: ..." or "... is corrupt: ...".
+
+Imports: contextlib, errno, json, math, numpy, os, pathlib, safetensors, secrets, stat,
+.devices, .tensor.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 ``tg.tanh(x)`` is ``x.tanh()``, ``tg.topk(x, k)`` is ``x.topk(k)`` and so on; a non-Tensor
 first argument (a list, an array, a number) becomes a tensor first. ``einsum`` and ``bmm``
 live here alone.
+
+Imports: .ops, .tensor.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ their base's memory share its version counter and remember the base and how to f
 in it. So, as in PyTorch, an in-place write through a view of a leaf that requires grad raises,
 and one into any other tensor in the graph (or a view of it) is recorded: the base takes a
 WriteView node and its views ReadView nodes of it (``ops/more_shape.py``).
+
+Imports: numpy, weakref, .autograd, .devices, .indexing, .ops.
 """
 
 from __future__ import annotations

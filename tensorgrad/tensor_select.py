@@ -2,6 +2,8 @@
 and the gathers and scatters that use indices (with gradients).
 
 ``Select`` is a base class of ``Tensor`` holding these methods.
+
+Imports: collections, numpy, .devices, .ops, .tensor_inplace.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ A ``dtype`` wraps a NumPy dtype: NumPy and CuPy accept it wherever they take a d
 its ``.dtype``), it equals the NumPy dtype and its scalar type (``x.dtype == np.float32``),
 and it answers NumPy's attributes (``kind``, ``itemsize``). A ``device`` is a ``str`` ('cpu'
 or 'cuda') with PyTorch's ``.type`` and ``.index``.
+
+Imports: numpy, .devices, .tensor_inplace.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ stage, propagated from its inputs in one topological pass:
 Unless ``expand=True``, all ops of block i and block i's parameters fold into one node
 ``block i``; ops before and after the blocks stay expanded. Graphs without numbered
 parameters are never collapsed.
+
+Imports: pathlib, re, shutil, subprocess, .autograd, .tensor.
 """
 
 from __future__ import annotations

@@ -117,3 +117,39 @@ def test_the_counter_counts_code_only():
     src = '"""Doc."""\n\n# a comment\nx = 1  # why\n\n\ndef f():\n    """Doc\n    more."""\n    return (\n        x\n    )\n'
     assert code_lines(src) == 5  # x = 1, def, return (, x, )
     assert code_lines(src, (7, 12)) == 4
+
+
+def imported(tree: ast.Module) -> set[str]:
+    """What a module imports at its top level (a ``try`` block's imports too): a package's
+    top-level name (numpy, sys), or a relative module as written (.graph, ..devices)."""
+    names = set()
+    nodes = [n for n in tree.body if not isinstance(n, ast.Try)]
+    nodes += [n for t in tree.body if isinstance(t, ast.Try) for n in t.body]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            dots = "." * node.level
+            if node.module:
+                names.add(dots + node.module.split(".")[0] if dots else node.module.split(".")[0])
+            else:
+                names.update(dots + a.name for a in node.names)
+    return names
+
+
+def test_every_module_says_what_it_holds_and_what_it_imports():
+    """Each module's docstring ends with an ``Imports:`` line naming exactly what it imports."""
+    wrong = []
+    for path in sorted((ROOT / "tensorgrad").rglob("*.py")):
+        tree = ast.parse(path.read_text("utf-8"))
+        doc = ast.get_docstring(tree) or ""
+        said = re.search(r"^Imports: (.*)\Z", doc.strip(), re.M | re.S)
+        if not doc or said is None:
+            wrong.append(f"{path.relative_to(ROOT)}: no docstring with an Imports: line")
+            continue
+        listed = {n.strip() for n in said.group(1).rstrip(".").split(",")} - {"nothing"}
+        if listed != imported(tree):
+            wrong.append(
+                f"{path.relative_to(ROOT)}: says {sorted(listed)}, imports {sorted(imported(tree))}"
+            )
+    assert not wrong, "\n".join(wrong)

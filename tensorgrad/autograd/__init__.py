@@ -15,7 +15,7 @@ and Tensors alike. ``walk.py`` holds the plain backward path (``loss.backward()`
 hooks, no retain_grad, no create_graph), ``engine.py`` the layers over it (``grad``, hooks,
 retained outputs, create_graph) and ``observe.py`` record_ops/unobserved.
 
-Imports: .functional, .engine, .function, .graph, .observe.
+Imports: .engine, .function, .functional, .graph, .observe.
 """
 
 from . import functional

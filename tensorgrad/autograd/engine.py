@@ -8,7 +8,7 @@ The layers do not copy the walk: they run ``walk.walk`` with their own per-node 
 steps (``_Layers``). ``backward`` needs them when create_graph is on or when a hook or a
 retained output has ever been registered (``_registered``, a count that never goes down).
 
-Imports: functools, ..devices, .graph, .walk.
+Imports: functools, .graph, .walk, ..devices.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@
 one per ``forward`` argument (None for non-tensors and inputs that need none), each of its
 input's shape and dtype (the same contract, and errors, as the built-in ops). Written with
 tensor ops, the backward is itself differentiable (``create_graph=True``).
+
+Imports: .graph.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ jvp, hvp, vhp, all built on :func:`tensorgrad.autograd.grad`.
 Results are detached unless ``create_graph=True``, which keeps them differentiable with
 respect to the inputs. ``jvp`` uses the double-vjp trick: the vjp is linear in its vector
 u, so differentiating ``u ↦ Jᵀu`` against u along v gives ``Jv``.
+
+Imports: .engine, .graph, ..devices.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ the graph before it runs a backward on Tensors.
 Also here: the errors a node's backward can meet (``RELEASED_MSG``, ``check_versions``, and
 ``explain_grads``, the gradient contract's explanation of a breach).
 
-Imports: contextlib, threading, numpy, ..devices, ..kernels.
+Imports: contextlib, numpy, threading, ..devices, ..kernels.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ no retain_grad, no create_graph, no ``grad()`` inputs). Read it top to bottom:
 The layers (``engine.py``: grad(), hooks, retain_grad, create_graph) reuse ``walk`` with their
 own per-node and per-leaf steps; nothing here branches for them.
 
-Imports: sys, ..devices, .graph.
+Imports: sys, .graph, ..devices.
 """
 
 from __future__ import annotations

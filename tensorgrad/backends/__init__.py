@@ -8,6 +8,8 @@ sets 'tf32' (when it is 'highest'), False sets 'highest' (when it is 'tf32'), an
 says whether GPU matmuls use reduced-precision inputs. On the CPU nothing changes: its
 matmuls are float32 (or the tensors' dtype) always. Not to be confused with
 ``tensorgrad.devices``, the NumPy / CuPy layer.
+
+Imports: ..cuda.
 """
 
 from __future__ import annotations

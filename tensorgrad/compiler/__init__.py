@@ -22,6 +22,8 @@ How (docs/compile.md tells it on the GPT block):
   draws random numbers outside an op, calls a user's autograd.Function, takes an argument
   that is not a tensor, array or plain value, or has hooks on a submodule runs eagerly: one
   line (a ``CompileWarning``) says why, once. ``fullgraph=True`` raises instead.
+
+Imports: numpy, time, warnings, .fuse, .replay, .trace, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations

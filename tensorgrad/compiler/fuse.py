@@ -12,6 +12,8 @@ a whole array of the output's shape, a trailing broadcast (a bias of shape (C,) 
 The pattern is the graph's, never a module's type: any forward whose ops form such a run is
 fused, edited or not. Without numba, or with ``TG_KERNELS=0``, nothing is fused and the
 traced ops replay as they are.
+
+Imports: math, numpy, .patterns, .trace, ..autograd, ..kernels.
 """
 
 from __future__ import annotations

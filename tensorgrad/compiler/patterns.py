@@ -12,6 +12,8 @@ computes it with the fused attention: it runs as the fused block kernel
 (``kernels/cpu_gpt2_block.py``). An edited block (another activation, another scale, a
 parallel attention and MLP, RMSNorm) traces other ops, does not match, and runs as written:
 the pattern is the graph's, never a module's type.
+
+Imports: numpy, .trace, ..kernels.
 """
 
 from __future__ import annotations

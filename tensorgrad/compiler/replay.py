@@ -10,6 +10,8 @@ no later step reads are dropped as the walk passes them.
 ``backward(create_graph=True)``: the steps run again eagerly on the saved inputs, as tensors
 that record a graph, and that graph is differentiated (so a compiled module's gradients are
 themselves differentiable, as an eager one's).
+
+Imports: numpy, .trace, ..autograd, ..devices.
 """
 
 from __future__ import annotations

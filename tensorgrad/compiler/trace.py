@@ -17,6 +17,8 @@ the forward then runs eagerly:
 An array that is none of these (a causal mask, position ids) is a constant of the graph;
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
+
+Imports: contextlib, dataclasses, numpy, sys, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ amp.py       GradScaler and autocast bound to 'cuda' (``torch.cuda.amp``)
 Without a GPU: ``is_available()`` and ``is_bf16_supported()`` are False, ``device_count()``
 is 0, ``manual_seed``/``manual_seed_all`` store the seed for a GPU generator made later,
 ``synchronize()`` has nothing to wait for, and ``set_device``/``current_device`` raise.
+
+Imports: .ops, ..devices.
 """
 
 from .. import devices

@@ -1,7 +1,10 @@
 """``tensorgrad.cuda.amp``: ``GradScaler`` and ``autocast`` bound to the 'cuda' device, as the
 older ``torch.cuda.amp`` spelling (see tensorgrad.amp). Without a GPU both disable themselves
 with a warning, as in PyTorch. autocast's default dtype here is bfloat16 (PyTorch's is
-float16, which tensorgrad's tensor-core matmuls do not take)."""
+float16, which tensorgrad's tensor-core matmuls do not take).
+
+Imports: ..amp.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ backward pass writes every gradient element once (no atomics), so it is determin
 ``tensorgrad/cuda/ops.py`` registers them as the 'attention' kernel for the 'cuda' device;
 the shared CUDA helpers (COMMON_SRC) live in ``kernels.py``. CuPy comes from ``devices.require_cupy()``;
 a module compiles on first use for each padded head size and is cached.
+
+Imports: math, numpy, .kernels, ..devices.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ Everything is float32 (callers fall back to the NumPy-style path otherwise). CuP
 from ``devices.require_cupy()``; kernels compile on first use and are cached. The CUDA
 sources are module constants so that tests can compile them with nvcc and run them on the
 CPU through a small emulation shim.
+
+Imports: math, numpy, ..devices, ..ops.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ arguments, same results to float32 rounding), with its own saved state: LayerNor
 keeps x, mean and rstd; GELU keeps x; cross-entropy keeps the logits and the
 logsumexp (never the (N, C) probabilities); flash attention keeps q, k, v, the output
 and the logsumexp per row. They apply to float32 CuPy arrays only.
+
+Imports: math, numpy, .flash, .kernels, ..autograd, ..devices, ..kernels, ..ops.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ Faults: a collective that waits longer than ``timeout`` seconds (``TG_DIST_TIMEO
 600) ends the process with one line naming the rank and the collective, so a rank that died or
 hung stops the others in bounded time even under a launcher that does not clean up; while it
 waits, a rank also watches the other ranks of its machine and stops as soon as one has exited.
+
+Imports: contextlib, hashlib, json, numpy, os, sys, threading, time, ..devices, ..tensor.
 """
 
 from __future__ import annotations

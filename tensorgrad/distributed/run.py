@@ -8,6 +8,9 @@ then runs the script as ``__main__`` with its own arguments, so ``init_process_g
 ``int(os.environ['RANK'])`` work as under torchrun. mpiexec is the one next to this Python
 (the ``[mpi]`` extra installs it) or else the first on PATH. One machine only: torchrun's
 multi-node flags (``--nnodes`` > 1, ``--rdzv_*``, ``--master_addr``) are refused.
+
+Imports: argparse, os, pathlib, runpy, shutil, subprocess, sys, .INSTALL_HINT, .launch_rank,
+.launch_world_size.
 """
 
 from __future__ import annotations

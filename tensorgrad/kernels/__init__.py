@@ -14,6 +14,8 @@ predicate accepts the arguments, else the reference. Non-Op ops (the fused
 AdamW update) are plain functions registered the same way. ``TG_KERNELS=0`` in the
 environment, or ``set_enabled(False)``, runs the references only; :func:`registered`
 lists every kernel, and the test suite checks each one against its reference.
+
+Imports: collections, contextlib, dataclasses, os.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ over threads: ``TG_NUM_THREADS=n`` turns that on. It is off by default because o
 the 2-core machine of benchmarks/ it made a training step no faster (BLAS's own
 threads are still spinning when the elementwise passes start) and small ops slower.
 Small arrays always run inline: a pool only pays off above ``PARALLEL_MIN``.
+
+Imports: concurrent, os.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ streams through main memory, over a ~128 KiB chunk the later passes hit the cach
 (``chunks.py``). The kernels here compute what the references compute, in fewer and
 in-place passes, keep no more for backward than the references, and are registered
 for the 'cpu' device; ``tests/test_kernels.py`` checks each one against its reference.
+
+Imports: math, numpy, .chunks, .register, ..autograd, ..devices, ..ops.
 """
 
 from __future__ import annotations

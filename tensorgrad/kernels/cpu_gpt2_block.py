@@ -22,6 +22,9 @@ with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1
 GELU(f) and the row statistics, as llm.c does. Under ``create_graph`` the compiled graph
 differentiates the traced ops instead (``compiler/replay.py``), so this backward is only
 ever first order. tests/test_kernels_block.py checks it against the ops one by one.
+
+Imports: math, numpy, .cpu_numba, .cpu_numba_attention, .cpu_numba_block, .register,
+..autograd, ..tensor.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ pass over the row, which is still in L1/L2. Compiled code is cached on disk (``c
 in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment compiles
 every kernel it meets (a char-small training step: 12-15 s on the 2-core machine of
 benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
+
+Imports: math, numba, numpy, os, .numba_math, .register, ..autograd, ..ops.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ THREADS_OVER).
 
 Backward per strip (D = rowsum(g·o), P = e^(s·scale - lse)):
     gv += Pᵀ·g;  dP = g·vᵀ;  dS = P·(dP - D)·scale;  gq = dS·k;  gk += dSᵀ·q
+
+Imports: concurrent, math, numba, numpy, .cpu_numba, .numba_math, .register, ..autograd.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ backwards with the bias / LayerNorm parameter gradients summed on the way.
 All take (N, C) float32 C-contiguous arrays (N = B·T rows). Column sums (bias and
 LayerNorm-parameter gradients) go into ``parts`` (P, C) partial sums, one per block of
 rows, summed by the caller: a fixed P, so the sums are the same on any thread count.
+
+Imports: numba, numpy, .cpu_numba, .numba_math, ..ops.
 """
 
 from __future__ import annotations

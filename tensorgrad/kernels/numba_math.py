@@ -12,6 +12,8 @@ most 1.5 ulp of the float32 result where e^x is a normal float32; 0 below x = -8
 (NumPy would return a subnormal < 1.2e-38 there), inf above x = 88.72, NaN for NaN.
 The function must be compiled without ``reassoc`` fast-math: reassociation would fold
 the two-step reduction back into one and lose the low bits of r.
+
+Imports: llvmlite, math, numba, numpy.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ init.py        in-place initialisers (``nn.init.normal_``, ...)
 utils.py       ``clip_grad_norm_``, ``clip_grad_value_``
 parallel.py    ``DistributedDataParallel``
 
-Imports: its own modules.
+Imports: .functional, .init, .layers, .module, .more_layers, .parallel, .utils.
 """
 
 from . import functional, init, parallel, utils

@@ -1,4 +1,5 @@
-"""Neural-network functions (``import tensorgrad.nn.functional as F``, as ``torch.nn.functional``): check, then apply.
+"""Neural-network functions, ``F.*``: check, then apply (``import tensorgrad.nn.functional as
+F``, as ``torch.nn.functional``).
 
 Each function checks its arguments (shapes, dims, dtypes) with one clear error, then
 applies one op: the reference Op in ``ops/nn.py`` (the formula, with its
@@ -9,7 +10,7 @@ This file holds the functions a GPT uses; the rest of ``F`` (log_softmax, silu, 
 batch_norm, ...; nll_loss, mse_loss, ...) is written in ``activations.py`` and ``losses.py``
 and re-exported here, so that ``F.silu`` works as in PyTorch.
 
-Imports: numpy, ..factory, ..ops, ..tensor, .activations, .losses.
+Imports: numpy, .activations, .losses, ..factory, ..ops, ..tensor.
 """
 
 from __future__ import annotations

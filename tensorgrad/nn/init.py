@@ -1,6 +1,9 @@
 """In-place parameter initialisers, as ``torch.nn.init``: no graph is recorded, and the
 values come from tensorgrad's seeded generator (``tg.manual_seed``) on the tensor's device
-(or from ``generator=``, a ``tg.Generator``)."""
+(or from ``generator=``, a ``tg.Generator``).
+
+Imports: math, ..autograd.
+"""
 
 from __future__ import annotations
 

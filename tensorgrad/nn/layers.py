@@ -1,7 +1,7 @@
 """The layers a GPT is made of: ``Linear``, ``Embedding``, ``LayerNorm``, ``Dropout``, ``GELU``
 (PyTorch's initial values; each forward is one ``F`` function).
 
-Imports: numpy, ..devices, ..tensor, .functional, .module.
+Imports: math, numpy, .functional, .module, ..devices, ..tensor.
 """
 
 from __future__ import annotations

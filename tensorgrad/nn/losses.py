@@ -3,7 +3,7 @@
 for class probabilities (``soft_cross_entropy``) and label smoothing
 (``smoothed_cross_entropy``). ``tensorgrad.nn.functional`` re-exports the F names.
 
-Imports: numpy, ..autograd, ..devices, ..tensor, .activations.
+Imports: numpy, .activations, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The module machinery: ``Parameter``, ``Module`` (registration, traversal, state dicts,
 .to(), train/eval, forward hooks) and the containers ``ModuleList`` and ``ModuleDict``.
 
-Imports: numpy, ..devices, ..autograd, ..tensor.
+Imports: collections, numpy, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations

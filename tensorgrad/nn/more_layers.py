@@ -2,7 +2,7 @@
 ``Sequential``, ``Identity``, the activations ``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU``,
 ``Softmax``, and the losses ``CrossEntropyLoss`` and ``MSELoss``.
 
-Imports: numpy, ..devices, ..tensor, .functional, .module.
+Imports: collections, numpy, .functional, .module, ..devices, ..tensor.
 """
 
 from __future__ import annotations

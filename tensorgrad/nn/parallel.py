@@ -10,6 +10,8 @@ finished (``autograd.queue_callback``), unless ``require_backward_grad_sync`` is
 inside ``no_sync()``): gradients then add up locally, and the next synced backward reduces
 the sum, as nanoGPT's gradient accumulation expects. ``device_ids`` and ``output_device`` are
 accepted; the module stays where it is (move it with ``.to()`` first).
+
+Imports: contextlib, .module, ..autograd, ..distributed.
 """
 
 from __future__ import annotations

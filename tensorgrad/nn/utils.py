@@ -1,4 +1,7 @@
-"""Utilities over a model's parameters: gradient clipping."""
+"""Utilities over a model's parameters: gradient clipping.
+
+Imports: math, ..devices, ..tensor.
+"""
 
 from __future__ import annotations
 

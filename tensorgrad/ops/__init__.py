@@ -25,4 +25,6 @@ The rest, for PyTorch code beyond the GPT:
 
 Faster implementations live in ``tensorgrad/kernels/`` and ``tensorgrad/cuda/``,
 registered against these ops' ``op`` names.
+
+Imports: nothing.
 """

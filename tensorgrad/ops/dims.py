@@ -1,4 +1,7 @@
-"""PyTorch's dimension rules, in one place: every ``dim`` argument is checked here."""
+"""PyTorch's dimension rules, in one place: every ``dim`` argument is checked here.
+
+Imports: nothing.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ operands; its dtype comes from the highest-priority group that holds that catego
 float32 (dims) op float64 (0-d) is float32, an int tensor op 0.5 is float32 (the default
 dtype) and an int tensor op a float64 0-d tensor is float64. NumPy would give float64
 for the first two.
+
+Imports: numpy.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Matrix products: batched ``matmul`` with broadcasting, and the fused ``linear``. (einsum is
 in ``more_math.py``.)
 
-Imports: .. (the kernel registry), ..autograd, ..devices.
+Imports: ..autograd, ..devices, ..kernels.
 """
 
 from __future__ import annotations

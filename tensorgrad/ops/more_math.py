@@ -4,7 +4,7 @@ minimum, var, cumsum, prod, and einsum. Each is one reference ``Op`` with its ba
 the core files; Tensor methods and ``tensorgrad.einsum`` apply them. Backward is written
 against ``xp_of(g)``, so it records a graph under ``create_graph=True`` (see ops/tensor_xp.py).
 
-Imports: math, ..autograd, ..devices, .elementwise (BinaryOp), .reduce.
+Imports: math, .elementwise, .reduce, ..autograd, ..devices.
 """
 
 from __future__ import annotations

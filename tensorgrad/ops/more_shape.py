@@ -2,7 +2,7 @@
 pad, and the two ops of an in-place write through a view (``WriteView``, ``ReadView``; applied
 by ``tensor_inplace.py``). Each is one reference ``Op`` with its backward, as in the core files.
 
-Imports: ..autograd, ..devices, .dims (wrap_dim), .shape (add_at).
+Imports: .dims, .shape, ..autograd, ..devices.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ faster: the chunked CPU passes and compiled kernels in ``tensorgrad/kernels/``, 
 CUDA kernels in ``tensorgrad/cuda/``, registered under the same ``op`` name and
 checked against these by the registry test.
 
-Imports: math, ..autograd, ..devices, .linalg (matmul), .shape (add_at), .special (erf).
+Imports: math, .linalg, .shape, .special, ..autograd, ..devices.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reductions over ``dim`` (int, tuple or None; negative allowed) with ``keepdim``: sum, mean,
 max. (var, cumsum and prod are in ``more_math.py``.)
 
-Imports: ..autograd, .dims.
+Imports: .dims, ..autograd.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``add_at``), cat/stack, split, clone. (flip, roll, gather, scatter_add, pad and the in-place
 view ops are in ``more_shape.py``.)
 
-Imports: ..autograd, ..devices, .dims.
+Imports: .dims, ..autograd, ..devices.
 """
 
 from __future__ import annotations

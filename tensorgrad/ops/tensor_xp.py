@@ -7,7 +7,8 @@ that is NumPy (or CuPy) itself, the fast path; on Tensors it is this namespace, 
 backward builds a graph and its result can be differentiated again. Masks, indices and
 shapes stay plain arrays and values: they carry no gradient.
 
-Imports: ..autograd, ..devices, and the op files beside it.
+Imports: .elementwise, .linalg, .more_math, .more_shape, .reduce, .shape, ..autograd,
+..devices.
 """
 
 from __future__ import annotations

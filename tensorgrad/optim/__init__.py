@@ -11,7 +11,7 @@ __init__.py      SGD, AdamW and Adam (the update a GPT trains with, and its neig
 rmsprop.py       RMSprop
 lr_scheduler.py  learning-rate schedules
 
-Imports: ..kernels, ..devices, .optimizer, .rmsprop, .lr_scheduler.
+Imports: math, .lr_scheduler, .optimizer, .rmsprop, ..devices, ..kernels.
 """
 
 from __future__ import annotations

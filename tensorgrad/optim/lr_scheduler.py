@@ -5,6 +5,8 @@
     for step in ...: opt.step(); sched.step()
 
 The constructor applies epoch 0 (as PyTorch's does); ``step()`` advances one epoch.
+
+Imports: bisect, math.
 """
 
 from __future__ import annotations

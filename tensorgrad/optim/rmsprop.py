@@ -1,6 +1,6 @@
 """``RMSprop`` (torch.optim.RMSprop): its update on arrays, ``rmsprop_update``, and the class.
 
-Imports: ..devices, .optimizer.
+Imports: .optimizer, ..devices.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 ``torch.utils.tensorboard``'s, written by the ``tensorboard`` package's own event writer
 (``tensorboard.summary.Writer``: NumPy only, no TensorFlow or torch). Like PyTorch's, it needs
 that package: ``pip install tensorboard``. It records scalars only.
+
+Imports: datetime, os, socket, tensorboard.
 """
 
 from __future__ import annotations

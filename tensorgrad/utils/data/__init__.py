@@ -5,6 +5,8 @@ sampler.py     SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRa
                BatchSampler
 collate.py     default_collate, default_convert (samples -> one batch)
 dataloader.py  DataLoader (in-process; see its docstring for num_workers and pin_memory)
+
+Imports: .collate, .dataloader, .dataset, .sampler.
 """
 
 from .collate import default_collate, default_convert

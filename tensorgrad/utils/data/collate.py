@@ -16,6 +16,8 @@ default_collate, by the type of the first sample (``batch[0]``, as PyTorch's):
     namedtuple        -> the same namedtuple, each field collated
     tuple / list      -> a list (a tuple becomes a list, as in PyTorch) of collated positions
     anything else     -> TypeError (None, complex first, NumPy datetimes, ...)
+
+Imports: collections, numpy, ...factory, ...tensor.
 """
 
 from __future__ import annotations

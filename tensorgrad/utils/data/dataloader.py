@@ -13,6 +13,8 @@ too (``worker_init_fn(0)`` is called once per epoch): on the CPU the model's ste
 loading, is what takes the time, and a worker process would compete with the NumPy threads
 for the same cores. ``pin_memory`` is accepted and does nothing (there is no pinned memory
 on the CPU; a batch moves to a GPU with ``.to("cuda")``).
+
+Imports: .collate, .dataset, .sampler.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Datasets: the map-style ``Dataset`` (``len`` and ``[i]``), the ``IterableDataset`` (a stream),
-``TensorDataset``, ``Subset``, ``ConcatDataset`` and ``random_split``, as in torch.utils.data."""
+``TensorDataset``, ``Subset``, ``ConcatDataset`` and ``random_split``, as in torch.utils.data.
+
+Imports: bisect, collections, math, .sampler, ...sampling, ...tensor.
+"""
 
 from __future__ import annotations
 

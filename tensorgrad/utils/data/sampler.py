@@ -1,7 +1,10 @@
 """Samplers: which dataset indices a DataLoader visits, and in which order and groups
 (``SequentialSampler``, ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``,
 ``BatchSampler``), as in torch.utils.data. Random ones draw from ``generator`` (default: the
-global generator, so ``tensorgrad.manual_seed`` repeats them)."""
+global generator, so ``tensorgrad.manual_seed`` repeats them).
+
+Imports: collections, numpy, ...factory, ...sampling.
+"""
 
 from __future__ import annotations
 
