@@ -50,7 +50,7 @@ class Extras(Select):
             )
         return repr(self)
 
-    def pin_memory(self) -> Extras:
+    def pin_memory(self):
         return self  # host arrays need no pinning here; kept so data loaders port unchanged
 
     def double(self):
@@ -59,17 +59,17 @@ class Extras(Select):
     def half(self):
         return self.astype(np.float16)
 
-    def _new_full(self, size, value, dtype, device, requires_grad) -> Extras:
+    def _new_full(self, size, value, dtype, device, requires_grad):
         xp = xp_for(device or self.device)
         t = self._leaf(xp.full(_dims(size), value, dtype=as_dtype(dtype or self.dtype).dtype))
         t.requires_grad = requires_grad
         return t
 
-    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False) -> Extras:
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
         """A tensor of zeros with self's dtype and device (unless given)."""
         return self._new_full(size, 0, dtype, device, requires_grad)
 
-    def new_ones(self, *size, dtype=None, device=None, requires_grad=False) -> Extras:
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
         return self._new_full(size, 1, dtype, device, requires_grad)
 
     new_empty = new_zeros

@@ -483,3 +483,35 @@ def test_a_compiled_gpt_builds_its_masks_from_each_calls_ids(masks, as_tensor):
             want = eager(idx, **kw)[0].detach().numpy()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert compiled_forward(compiled).summary()["compiled"] == 0
+
+
+@pytest.mark.parametrize(
+    ("f", "why"),
+    [
+        (lambda x: x * x.all().float(), "all of a traced tensor"),
+        (lambda x: x * x.any().float(), "any of a traced tensor"),
+        (lambda x: x * float(x.equal(x.abs())), "value in Python \\(equal\\)"),
+        (lambda x: x * float(x.allclose(x.abs())), "value in Python \\(allclose\\)"),
+        (lambda x: x * x.new_tensor(x), "reads a tensor's array"),
+    ],
+    ids=["all", "any", "equal", "allclose", "new_tensor"],
+)
+def test_reductions_to_a_truth_value_and_new_tensor_run_eagerly(f, why):
+    """x.all(), x.equal(y), x.new_tensor(x): computed off the tape or read in Python; with
+    the same input in both traced calls a replay would reuse the first call's answer."""
+    g = tg.compile(f)
+    x = tg.tensor([1.0, 2.0])
+    with pytest.warns(CompileWarning, match=why):
+        g(x), g(x)
+    y = tg.tensor([0.0, -2.0])
+    np.testing.assert_array_equal(g(y).numpy(), f(y).numpy())
+
+
+def test_a_compiled_function_inside_another_leaves_tensor_as_it_was():
+    inner = tg.compile(lambda x: x * 2)
+    outer = tg.compile(lambda x: inner(x) + 1)
+    before = dict(vars(tg.Tensor))
+    for _ in range(3):
+        np.testing.assert_array_equal(outer(tg.tensor([1.0, 2.0])).numpy(), [3.0, 5.0])
+    assert dict(vars(tg.Tensor)) == before
+    assert "get" not in vars(tg.devices.generators)

@@ -30,14 +30,8 @@ from tensorgrad import kernels
 from tensorgrad.kernels import cpu_numba as K
 from tensorgrad.kernels import cpu_numba_attention as KA
 from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array
+from tensorgrad.ops import nn as R
 from tensorgrad.optim import adamw_update
-
-try:  # the references move to tensorgrad.ops.nn in core v2
-    from tensorgrad.ops import nn as R
-
-    R.Softmax  # noqa: B018
-except (ImportError, AttributeError):
-    from tensorgrad import functional as R
 
 TOL = {  # (atol, rtol) of float32 kernels against the float64 reference
     "softmax": (2e-6, 1e-5),

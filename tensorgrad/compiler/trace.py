@@ -187,6 +187,7 @@ class Tracer:
 
 
 _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
+_VALUE_READS += ("equal", "allclose")
 # Tensor methods whose results are computed outside the tape (no op records them): on a traced
 # value, replay would reuse the result of the trace as a constant. Every public name of a
 # comparison and of // and % is listed (an alias such as ``eq`` is a name of its own).
@@ -195,9 +196,11 @@ _COMPARISONS += ("le", "gt", "ge", "__and__", "__or__", "__xor__", "logical_and"
 _COMPARISONS += ("logical_xor",)
 _FLOOR_MOD = ("__floordiv__", "__rfloordiv__", "floor_divide", "__mod__", "__rmod__")
 _OFF_TAPE = ("__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax", "argmin")
+_OFF_TAPE += ("all", "any")
 _OFF_TAPE += ("nonzero", *_COMPARISONS, *_FLOOR_MOD)
 _WHAT = {**dict.fromkeys(_COMPARISONS, "a comparison"), **dict.fromkeys(_FLOOR_MOD, "// or %")}
-_CONVERSIONS = ("as_array", "tensor")  # tensorgrad functions that hand an array to their caller
+# tensorgrad functions that hand a tensor's values to their caller
+_CONVERSIONS = ("as_array", "tensor", "new_tensor")
 
 
 def _ours(frame) -> bool:
@@ -218,6 +221,7 @@ def tracing(tracer: Tracer):
         return read
 
     get = devices.generators.get
+    outer_get = vars(devices.generators).get("get")  # set when this trace runs inside another
 
     def counting_get(*args, **kwargs):
         tracer.draws += 1
@@ -258,13 +262,16 @@ def tracing(tracer: Tracer):
         yield tracer
     finally:
         tape.op_observers.remove(tracer)
-        del devices.generators.get  # the instance attribute: the class's method again
         for name, method in {**saved, **off_tape}.items():
             if name in own:
                 setattr(Tensor, name, method)
             else:
                 delattr(Tensor, name)  # inherited from a mixin: uncover it again
         Tensor.array = array
+        if outer_get is None:
+            del devices.generators.get  # the instance attribute: the class's method again
+        else:
+            devices.generators.get = outer_get  # a trace inside a trace: the outer one's
 
 
 def same_graph(a: Graph, b: Graph) -> bool:

@@ -1,7 +1,7 @@
 """The kernel registry: fast implementations of an op, registered per (op, device).
 
-Every op has one reference implementation, a plain ``Op`` in ``ops/`` or
-``functional.py`` that names its op (``op = "softmax"``). A kernel is a separately
+Every op has one reference implementation, a plain ``Op`` in ``ops/``
+that names its op (``op = "softmax"``). A kernel is a separately
 written implementation of the same op, with its own forward, backward and saved state,
 registered for a device with a predicate saying when it applies::
 
