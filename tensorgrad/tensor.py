@@ -28,7 +28,7 @@ from .indexing import index_steps
 from .ops import elementwise as E
 from .ops import linalg, reduce
 from .ops import shape as shape_ops
-from .ops.dims import wrap_dim, wrap_dims
+from .ops.dims import size_args, wrap_dim, wrap_dims
 from .ops.dtypes import result_type
 from .ops.nn import Softmax
 from .printing import tensor_repr
@@ -41,13 +41,6 @@ DEFAULT_DTYPE = np.float32
 _FLOAT_KINDS = "f"
 
 __all__ = ["DEFAULT_DTYPE", "MaxResult", "Size", "Tensor", "as_array", "to_args"]
-
-
-def _dims(args):
-    """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
-    if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        return tuple(args[0])
-    return tuple(args)
 
 
 class Tensor(Extras):
@@ -282,6 +275,10 @@ class Tensor(Extras):
     def type_as(self, other):
         return self.astype(other.dtype)
 
+    def _floating(self) -> Tensor:
+        """Self, or an integer tensor as float32 (PyTorch's default dtype, not NumPy's float64)."""
+        return self if self._array.dtype.kind in "fc" else self.astype(DEFAULT_DTYPE)
+
     def is_floating_point(self) -> bool:
         return self.dtype.kind == "f"
 
@@ -401,13 +398,13 @@ class Tensor(Extras):
 
     # ------------------------------------------------------------------ unary math
     # (of an integer tensor: float32, PyTorch's default dtype, not NumPy's float64)
-    exp = lambda self: E.Exp.apply(_floating(self))  # noqa: E731
-    log = lambda self: E.Log.apply(_floating(self))  # noqa: E731
-    sqrt = lambda self: E.Sqrt.apply(_floating(self))  # noqa: E731
-    tanh = lambda self: E.Tanh.apply(_floating(self))  # noqa: E731
+    exp = lambda self: E.Exp.apply(self._floating())  # noqa: E731
+    log = lambda self: E.Log.apply(self._floating())  # noqa: E731
+    sqrt = lambda self: E.Sqrt.apply(self._floating())  # noqa: E731
+    tanh = lambda self: E.Tanh.apply(self._floating())  # noqa: E731
     abs = lambda self: E.Abs.apply(self)  # noqa: E731
     relu = lambda self: E.Relu.apply(self)  # noqa: E731
-    sigmoid = lambda self: E.Sigmoid.apply(_floating(self))  # noqa: E731
+    sigmoid = lambda self: E.Sigmoid.apply(self._floating())  # noqa: E731
     __abs__ = abs
 
     # ------------------------------------------------------------------ reductions
@@ -441,7 +438,7 @@ class Tensor(Extras):
         """The same memory with another shape; raises where NumPy would have to copy."""
         if len(shape_) == 1 and is_dtype(shape_[0]) and not isinstance(shape_[0], int):
             raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
-        out = shape_ops.Reshape.apply(self, _dims(shape_))
+        out = shape_ops.Reshape.apply(self, size_args(shape_))
         shared = shares_memory(out.array, self._array)
         if out.array.size and not shared:
             raise RuntimeError(
@@ -453,7 +450,7 @@ class Tensor(Extras):
 
     def reshape(self, *shape_):
         """view when the memory allows it, else a copy."""
-        out = shape_ops.Reshape.apply(self, _dims(shape_))
+        out = shape_ops.Reshape.apply(self, size_args(shape_))
         return self._view_of(out, reshaper(out.array.shape))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1):
@@ -466,7 +463,7 @@ class Tensor(Extras):
         return self.reshape(*self.shape[:s], -1, *self.shape[e + 1 :])
 
     def permute(self, *dims):
-        dims = tuple(wrap_dim("permute", d, self.ndim) for d in _dims(dims))
+        dims = tuple(wrap_dim("permute", d, self.ndim) for d in size_args(dims))
         return self._view_of(shape_ops.Permute.apply(self, dims), permuter(dims))
 
     def transpose(self, dim0: int, dim1: int):
@@ -507,7 +504,7 @@ class Tensor(Extras):
         return self.reshape(*[s for i, s in enumerate(self.shape) if not (i in dims and s == 1)])
 
     def expand(self, *sizes):
-        out = shape_ops.Expand.apply(self, _dims(sizes))
+        out = shape_ops.Expand.apply(self, size_args(sizes))
         return self._view_of(out, expander(out.array.shape))
 
     def __getitem__(self, key):
@@ -516,10 +513,6 @@ class Tensor(Extras):
             # basic indexing gives a view: writes show up in the base
             out = out._view_of(shape_ops.GetItem.apply(out, k), indexer(k))
         return out
-
-
-def _floating(t: Tensor) -> Tensor:
-    return t if t._array.dtype.kind in "fc" else t.astype(DEFAULT_DTYPE)
 
 
 def _same_dtype(x: Tensor, o):

@@ -14,20 +14,10 @@ import numpy as np
 from .devices import xp_for
 from .ops import more_math as M
 from .ops import more_shape as MS
-from .ops.dims import wrap_dim, wrap_dims
+from .ops.dims import size_args, wrap_dim, wrap_dims
 from .ops.nn import LogSoftmax
 from .tensor_select import Select
 from .types import as_dtype
-
-
-def _dims(args):
-    """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
-    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
-
-
-def _floating(t):
-    """Integer tensors as float32 (PyTorch's default dtype), for sin and cos."""
-    return t if t.dtype.kind in "fc" else t.astype(np.float32)
 
 
 class Extras(Select):
@@ -61,7 +51,7 @@ class Extras(Select):
 
     def _new_full(self, size, value, dtype, device, requires_grad):
         xp = xp_for(device or self.device)
-        t = self._leaf(xp.full(_dims(size), value, dtype=as_dtype(dtype or self.dtype).dtype))
+        t = self._leaf(xp.full(size_args(size), value, dtype=as_dtype(dtype or self.dtype).dtype))
         t.requires_grad = requires_grad
         return t
 
@@ -83,9 +73,9 @@ class Extras(Select):
     def minimum(self, other):
         return self._binary(M.Minimum, other)
 
-    sin = lambda self: M.Sin.apply(_floating(self))  # noqa: E731
+    sin = lambda self: M.Sin.apply(self._floating())  # noqa: E731
 
-    cos = lambda self: M.Cos.apply(_floating(self))  # noqa: E731
+    cos = lambda self: M.Cos.apply(self._floating())  # noqa: E731
 
     log10 = lambda self: M.Log10.apply(self)  # noqa: E731
 
@@ -102,7 +92,7 @@ class Extras(Select):
     round = lambda self, decimals=0: M.Stepwise.apply(self, fn="round", decimals=decimals)  # noqa: E731
 
     def flip(self, *dims):
-        return MS.Flip.apply(self, wrap_dims("flip", _dims(dims), self.ndim))
+        return MS.Flip.apply(self, wrap_dims("flip", size_args(dims), self.ndim))
 
     def mm(self, o):
         if self.ndim != 2 or getattr(o, "ndim", 0) != 2:

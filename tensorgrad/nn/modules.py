@@ -1,12 +1,12 @@
 """PyTorch's path ``torch.nn.modules``: the classes of ``tensorgrad.nn`` (Module, Linear,
-...), for code that imports them from there. They live in module.py, layers.py and
-more_layers.py.
+...), for code that imports them from there, and the one list of them that ``tensorgrad.nn``
+exports. They live in module.py, layers.py and more_layers.py.
 
 Imports: .layers, .module, .more_layers.
 """
 
 from .layers import GELU, Dropout, Embedding, LayerNorm, Linear
-from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter
+from .module import Module, ModuleDict, ModuleList, Parameter
 from .more_layers import (
     BatchNorm1d,
     CrossEntropyLoss,
@@ -30,7 +30,6 @@ __all__ = [
     "Flatten",
     "GELU",
     "Identity",
-    "IncompatibleKeys",
     "LayerNorm",
     "Linear",
     "MSELoss",

@@ -34,3 +34,8 @@ def wrap_dims(op: str, dims, ndim: int) -> tuple:
     if len(set(out)) != len(out):
         raise ValueError(f"{op}: dim {dims} names the same dimension twice")
     return out
+
+
+def size_args(args) -> tuple:
+    """Sizes given as f(2, 3), f((2, 3)) or f([2, 3]), as a tuple."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
