@@ -344,8 +344,8 @@ def test_attention_causal_shapes(L, S, monkeypatch):
 
 
 def two_threads(monkeypatch) -> int:
-    """Let the kernels run on 2 threads (numba's pool at 2, TG_KERNEL_THREADS, default 1,
-    lifted to 2) and return numba's thread count before; skip, saying so, where the machine
+    """Let the kernels run on 2 threads (numba's pool at 2, TG_KERNEL_THREADS, default every
+    core, set to 2) and return numba's thread count before; skip, saying so, where the machine
     has fewer than 2 cores or numba threads."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if (cores or 1) < 2:
@@ -536,3 +536,45 @@ def sizes_above_parallel_min():
     K.numba_adamw_update(*b, **hp)
     for name, want, got in zip("xgmv", a, b):
         assert_close(got, want, 1e-6, 1e-6, what=f"adamw {name}")
+
+
+def test_every_cpu_kernel_compiles_with_numpys_error_model():
+    # Python's error model checks every division for zero, which keeps LLVM from vectorising
+    # the loop (the tanh GELU's forward ran 4x slower); NumPy's gives IEEE inf/NaN, as the
+    # reference ops do
+    from numba.core.registry import CPUDispatcher
+
+    from tensorgrad.kernels import cpu_numba_attention, cpu_numba_block, numba_math
+
+    found = []
+    for module in (K, cpu_numba_attention, cpu_numba_block, numba_math):
+        for name, f in vars(module).items():
+            if isinstance(f, CPUDispatcher):
+                found.append((module.__name__, name, f.targetoptions.get("error_model")))
+    assert len(found) > 20
+    assert all(model == "numpy" for *_, model in found), [f for f in found if f[2] != "numpy"]
+    x = np.array([1.0, -1.0, 0.0], np.float32)
+    y = np.empty_like(x)
+    K._softmax_fwd(np.zeros((1, 3), np.float32), y.reshape(1, 3))  # runs, no ZeroDivisionError
+    assert np.allclose(y, 1 / 3)
+
+
+def test_the_kernel_pool_starts_passive_and_leaves_the_environment_as_it_was(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        K.numba, "get_num_threads", lambda: seen.append(os.environ.get("OMP_WAIT_POLICY")) or 1
+    )
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    K._start_pool()
+    assert seen == ["PASSIVE"] and "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice is kept
+    K._start_pool()
+    assert seen[-1] == "ACTIVE" and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_kernel_threads_default_to_every_usable_core(monkeypatch):
+    monkeypatch.delenv("TG_KERNEL_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    assert K.kernel_threads() == cores
+    monkeypatch.setenv("TG_KERNEL_THREADS", "1")
+    assert K.kernel_threads() == 1

@@ -31,7 +31,9 @@ S2PI, GC = math.sqrt(2.0 / math.pi), 0.044715  # the tanh GELU's constants (ops/
 R2, R2PI = 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)  # the erf GELU's
 
 # op: (forward, (derivative for input a, for input b)), on scalars: a, b the inputs, y the
-# output, g the gradient arriving at y. Pow fuses only with a number as its exponent.
+# output, g the gradient arriving at y. Pow fuses only with a number as its exponent. In the
+# generated code ``exp`` is numba_math's vectorisable exp32 for float32 (np.exp for float64)
+# and every number literal is of the arrays' dtype, so float32 computes in float32.
 RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Add": ("a + b", ("g", "g")),
     "Sub": ("a - b", ("g", "-g")),
@@ -39,23 +41,26 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Div": ("a / b", ("g / b", "-g * a / (b * b)")),
     "Pow": ("a ** b", ("g * b * a ** (b - 1)", "")),
     "Neg": ("-a", ("-g",)),
-    "Exp": ("np.exp(a)", ("g * y",)),
+    "Exp": ("exp(a)", ("g * y",)),
     "Log": ("np.log(a)", ("g / a",)),
     "Sqrt": ("np.sqrt(a)", ("g / (2 * y)",)),
     "Tanh": ("np.tanh(a)", ("g * (1 - y * y)",)),
-    "Sigmoid": ("1 / (1 + np.exp(-a))", ("g * y * (1 - y)",)),
+    "Sigmoid": ("1 / (1 + exp(-a))", ("g * y * (1 - y)",)),
     "Relu": ("max(a, 0)", ("g * (a > 0)",)),
+    # the tanh GELU as a·σ(2u), u = √(2/π)(a + 0.044715a³), as the CPU kernel computes it:
+    # σ through e = e^(-2u), capped (no inf·0); its derivative σ + 2a·e·σ²·u'
     "Gelu": (
-        f"0.5 * a * (1 + np.tanh({S2PI!r} * (a + {GC!r} * a * a * a)))",
+        f"a / (1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80)))",
         (
-            f"g * (0.5 * (1 + np.tanh({S2PI!r} * (a + {GC!r} * a * a * a))) + 0.5 * a * "
-            f"(1 - np.tanh({S2PI!r} * (a + {GC!r} * a * a * a)) ** 2) * {S2PI!r} * "
-            f"(1 + {3 * GC!r} * a * a))",
+            f"g * (1 / (1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80))) + 2 * a * "
+            f"exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80)) / "
+            f"(1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80))) ** 2 * "
+            f"{S2PI!r} * (1 + {3 * GC!r} * a * a))",
         ),
     ),
     "Gelu:none": (
         f"0.5 * a * (1 + math.erf(a * {R2!r}))",
-        (f"g * (0.5 * (1 + math.erf(a * {R2!r})) + a * np.exp(-0.5 * a * a) * {R2PI!r})",),
+        (f"g * (0.5 * (1 + math.erf(a * {R2!r})) + a * exp(-0.5 * a * a) * {R2PI!r})",),
     ),
 }
 PARALLEL_FROM = 1 << 15  # elements: below this the threads cost more than they save
@@ -167,7 +172,7 @@ def _close(graph: Graph, run: list, used_after: dict) -> list:
                 seen[key] = len(ins)
                 ins.append(ref)
     shape, dtype = run[0][1].meta[0]
-    impl = _kernel_class([st for _, st in run], ins, outs, graph, shape)
+    impl = _kernel_class([st for _, st in run], ins, outs, graph, shape, dtype)
     needs = tuple(ref[0] == "v" and graph.needs_grad[ref[1]] for ref in ins)
     return [Step(impl, impl, ins, {}, outs, needs, [(shape, dtype)] * len(outs))]
 
@@ -175,7 +180,7 @@ def _close(graph: Graph, run: list, used_after: dict) -> list:
 # ----------------------------------------------------------------------------- code generation
 
 
-def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape) -> type:
+def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape, dtype) -> type:
     """An Op class whose forward and backward run the generated kernels of ``run``."""
     kinds = [_kind(graph, ref, shape) for ref in ins]
     names = {}  # slot -> scalar variable in the generated code
@@ -189,7 +194,7 @@ def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape) -> type
         elif kd[0] == "tail":
             body.append(f"x{j} = A{j}[i % {kd[1]}]")
         else:
-            body.append(f"x{j} = {float(ref[1])!r}")
+            body.append(f"x{j} = F({float(ref[1])!r})")
             consts.append(j)
 
     def arg(ref):
@@ -236,7 +241,7 @@ def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape) -> type
         body + grads + back + stores,
     )
     n = int(np.prod(shape, dtype=np.int64))
-    fwd_fn, bwd_fn = _compile(fwd_src, n), _compile(bwd_src, n)
+    fwd_fn, bwd_fn = _compile(fwd_src, n, dtype), _compile(bwd_src, n, dtype)
     label = "+".join(st.cls.__name__.lower() for st in run)
     return type(
         f"Fused[{label}]",
@@ -254,10 +259,13 @@ def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape) -> type
 
 
 def _subst(expr: str, args: list, y, g) -> str:
-    """A rule with its names (a, b, y, g) replaced by the generated code's variables."""
+    """A rule with its names (a, b, y, g) replaced by the generated code's variables, and its
+    numbers as the arrays' dtype (``F(2)``: a bare literal would make numba compute float32
+    in float64)."""
     import re
 
     names = {"a": args[0], "b": args[1] if len(args) > 1 else "b", "y": y, "g": g}
+    expr = re.sub(r"(?<![\w.])(\d+(?:\.\d*)?(?:e[-+]?\d+)?)(?![\w.])", r"F(\1)", expr)
     return "(" + re.sub(r"\b([abyg])\b", lambda m: names[m.group(1)], expr) + ")"
 
 
@@ -266,13 +274,18 @@ def _function(name: str, params: list, body: list) -> str:
     return "\n".join(lines + ["        " + line for line in body])
 
 
-def _compile(src: str, n: int):
+def _compile(src: str, n: int, dtype):
     import numba
 
+    from ..kernels.numba_math import exp32, jit
+
+    f32 = np.dtype(dtype) == np.float32
     scope = {"np": np, "math": math, "prange": numba.prange}
+    scope.update(F=np.float32 if f32 else np.float64, exp=exp32 if f32 else np.exp)
     exec(src, scope)  # noqa: S102  (the source is generated above from RULES, not user input)
     fn = next(v for k, v in scope.items() if k in ("forward", "backward"))
-    return numba.njit(parallel=n >= PARALLEL_FROM, cache=False)(fn)
+    # NumPy's error model, as the CPU kernels: IEEE division, and loops that vectorise
+    return jit(cache=False, parallel=n >= PARALLEL_FROM, fastmath={"contract"})(fn)
 
 
 class FusedElementwise(Op):

@@ -9,8 +9,8 @@ what it handles (NumPy arrays, C-contiguous, float32 where it uses :func:`exp32`
 axis); everything else runs the reference. ``tests/test_kernels_cpu.py`` checks each one
 against its reference.
 
-Rows run in parallel (``prange`` on numba's pool: NUMBA_NUM_THREADS, every core by default;
-one thread below PARALLEL_MIN elements, where waking the pool costs more). Fast-math
+Rows run in parallel (``prange`` on numba's pool, started passive: TG_KERNEL_THREADS, every
+core by default; one thread below PARALLEL_MIN elements, where waking the pool costs more). Fast-math
 is limited to ``reassoc``, ``contract`` and ``nsz`` (sums may be reordered, multiply-adds
 fused; inf and NaN still propagate as in the reference), and loops that call ``exp32`` use
 ``contract`` only (see numba_math). Such loops store e^x and sum it in a second, reassociable
@@ -29,12 +29,12 @@ import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..autograd import Op
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
 from . import register
-from .numba_math import exp32
+from .numba_math import exp32, jit
 
 F32 = np.float32
 FM = {"reassoc", "contract", "nsz"}  # reorderable sums, FMA; no nnan/ninf: inf/NaN propagate
@@ -67,21 +67,41 @@ def _rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
-PARALLEL_MIN = 1 << 16  # elements below which one thread runs a kernel (waking the pool costs
-# more; on a busy machine a descheduled pool thread can cost a whole time slice)
+PARALLEL_MIN = 1 << 19  # elements below which one thread runs a kernel: waking the sleeping
+# pool costs more than the second core saves (char-small's ReLU-edited step: 57 ms on two
+# threads from 1 << 16 elements, 45 ms from 1 << 19, as on one thread; Zen 4, 2 cores)
 
 
 def kernel_threads() -> int:
-    """Threads for the numba kernels: TG_KERNEL_THREADS, default 1.
-
-    One by default because, measured on the 2-core machine of benchmarks/, numba's OpenMP
-    pool spins after each kernel and fights OpenBLAS's threads: a char-small training step
-    took 286 ms with 2 kernel threads, 67 ms with 1 (baby: 1,631 vs 1,202 ms). With
-    OMP_WAIT_POLICY=PASSIVE (the pool sleeps at once) 2 threads make the kernels alone
-    1.4-2x faster (``python -m benchmarks.kernels_ab``) but a training step no faster
-    (alternating runs within the machine's noise), so 1 stays the default.
+    """Threads for the numba kernels: TG_KERNEL_THREADS, default every core this process may
+    use. The pool is started passive (:func:`_start_pool`), so that its threads sleep at once
+    after a kernel rather than spin against OpenBLAS's: with a spinning pool a char-small
+    training step took 305 ms on 2 threads against 43 ms on 1, passive 40 ms (family 25
+    model 17, Zen 4, 2 cores).
     """
-    return max(1, int(os.environ.get("TG_KERNEL_THREADS", "1") or 1))
+    env = os.environ.get("TG_KERNEL_THREADS", "")
+    if env:
+        return max(1, int(env))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+_pool = [False]  # started yet
+
+
+def _start_pool() -> None:
+    """Start numba's thread pool once, with OMP_WAIT_POLICY=PASSIVE for its OpenMP runtime
+    unless the user set a policy. OpenMP reads the policy when its library loads, which is
+    when numba starts the pool, so the variable is set for that moment only and removed
+    again: an OpenMP runtime loaded later (PyTorch's) keeps its own default."""
+    _pool[0] = True
+    if "OMP_WAIT_POLICY" in os.environ:
+        numba.get_num_threads()
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        numba.get_num_threads()  # (starts the pool)
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
 
 
 class threads_for:
@@ -95,6 +115,8 @@ class threads_for:
         self.size = size
 
     def __enter__(self):
+        if not _pool[0]:
+            _start_pool()
         self.prev = prev = numba.get_num_threads()
         self.want = min(prev, kernel_threads()) if self.size >= PARALLEL_MIN else 1
         if self.want != prev:
@@ -120,7 +142,7 @@ def _contig(a):
 # inlines them into the exp32 loops' callers without loosening those loops' flags.
 
 
-@njit(fastmath=FM, cache=True)
+@jit(fastmath=FM)
 def rsum(a):
     s = a.dtype.type(0)
     for j in range(a.size):
@@ -128,7 +150,7 @@ def rsum(a):
     return s
 
 
-@njit(fastmath=FM, cache=True)
+@jit(fastmath=FM)
 def rdot(a, b):
     s = a.dtype.type(0)
     for j in range(a.size):
@@ -136,11 +158,19 @@ def rdot(a, b):
     return s
 
 
-@njit(fastmath={"nnan", "reassoc", "nsz"}, cache=True)
+@jit(fastmath={"nnan", "reassoc", "nsz"})
 def rmax(a):
-    # nnan only here: a NaN that this max skips still makes the row's sum (and output) NaN
-    m = a.dtype.type(-np.inf)
-    for j in range(a.size):
+    # nnan only here: a NaN that this max skips still makes the row's sum (and output) NaN.
+    # Four running maxima: LLVM does not vectorise a max reduction, and one chain waits on
+    # each max's latency (a (12288, 256) row max took 1.4 ms with one, 0.68 ms with four)
+    m0 = m1 = m2 = m3 = a.dtype.type(-np.inf)
+    n = a.size
+    k = n - n % 4
+    for j in range(0, k, 4):
+        m0, m1 = max(m0, a[j]), max(m1, a[j + 1])
+        m2, m3 = max(m2, a[j + 2]), max(m3, a[j + 3])
+    m = max(max(m0, m1), max(m2, m3))
+    for j in range(k, n):
         m = max(m, a[j])
     return m
 
@@ -148,7 +178,7 @@ def rmax(a):
 # ----------------------------------------------------------------------------- softmax family
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
@@ -160,7 +190,7 @@ def _softmax_fwd(x, y):
             yi[j] *= r
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def _softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
@@ -169,7 +199,7 @@ def _softmax_bwd(g, y, gx):
             o[j] = yi[j] * (gi[j] - d)
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _log_softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
@@ -181,7 +211,7 @@ def _log_softmax_fwd(x, y):
             yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _log_softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
@@ -231,7 +261,7 @@ class NumbaLogSoftmax(Op):
 # ----------------------------------------------------------------------------- cross-entropy
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _ce_fwd(x, t, loss, mx, ls_out, block):
     """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0); keeps m and log Σe^(x-m)."""
     n, c = x.shape
@@ -250,7 +280,7 @@ def _ce_fwd(x, t, loss, mx, ls_out, block):
             loss[i] = F32(ls - (xi[t[i]] - m)) if t[i] >= 0 else F32(0)
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _ce_bwd(x, t, mx, ls, coef, gx):
     """gx = coef·(softmax(x) - onehot(t)) per row; rows with coef 0 are zeros."""
     n, c = x.shape
@@ -310,7 +340,7 @@ class NumbaCrossEntropy(Op):
 # ----------------------------------------------------------------------------- layer norm
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def _ln_fwd(x, w, b, eps, y, rstd):
     n, c = x.shape
     for i in prange(n):
@@ -326,7 +356,7 @@ def _ln_fwd(x, w, b, eps, y, rstd):
             yi[j] = (xi[j] - mean) * r * w[j] + b[j]
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
     """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks.
 
@@ -419,29 +449,33 @@ _GC = F32(GELU_C)
 _BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _gelu_tanh_fwd(x, y):
     # 0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)): no cancellation at large negative x
     n = x.size
     for b in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            xi = x[i]
+        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+        xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            xi = xb[i]
             u = _K * (xi + _GC * xi * xi * xi)
-            y[i] = xi / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+            yb[i] = xi / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _gelu_tanh_bwd(x, g, gx):
     # d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)
     n = x.size
     for b in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            xi = x[i]
+        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+        xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            xi = xb[i]
             x2 = xi * xi
             e = exp32(min(F32(-2) * _K * (xi + _GC * x2 * xi), F32(80)))
             s = F32(1) / (F32(1) + e)
             es = e * s * s  # first: e alone may be 5e34, times x it would overflow
-            gx[i] = g[i] * (s + xi * F32(2) * es * _K * (F32(1) + _K3 * x2))
+            gxb[i] = gb[i] * (s + xi * F32(2) * es * _K * (F32(1) + _K3 * x2))
 
 
 _R2 = F32(1 / math.sqrt(2.0))
@@ -464,7 +498,7 @@ _ERFC = tuple(
 )
 
 
-@njit(inline="always", fastmath=EXP_FM, cache=True)
+@jit(inline="always", fastmath=EXP_FM)
 def _phi(x):
     """Φ(x) = erfc(-x/√2)/2 to about 1e-7 relative error (exact in the lower tail)."""
     z = abs(x) * _R2
@@ -476,21 +510,25 @@ def _phi(x):
     return F32(1) - h if x >= 0 else h
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _gelu_erf_fwd(x, y):
     n = x.size
     for b in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            y[i] = x[i] * _phi(x[i])
+        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+        xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            yb[i] = xb[i] * _phi(xb[i])
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def _gelu_erf_bwd(x, g, gx):
     n = x.size
     for b in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            xi = x[i]
-            gx[i] = g[i] * (_phi(xi) + xi * _R2PI * exp32(F32(-0.5) * xi * xi))
+        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+        xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            xi = xb[i]
+            gxb[i] = gb[i] * (_phi(xi) + xi * _R2PI * exp32(F32(-0.5) * xi * xi))
 
 
 @register(
@@ -521,17 +559,19 @@ class NumbaGelu(Op):
 # ----------------------------------------------------------------------------- AdamW
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def _adamw(x, g, m, v, decay, b1, c1, b2, c2, bc2, eps, step_size):
     n = x.size
     for b in prange((n + _BLOCK - 1) // _BLOCK):
-        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
-            gi = g[i]
-            mi = m[i] * b1 + c1 * gi
-            vi = v[i] * b2 + c2 * (gi * gi)
-            m[i] = mi
-            v[i] = vi
-            x[i] = x[i] * decay - (mi / (np.sqrt(vi) / bc2 + eps)) * step_size
+        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+        xb, gb, mb, vb = x[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            gi = gb[i]
+            mi = mb[i] * b1 + c1 * gi
+            vi = vb[i] * b2 + c2 * (gi * gi)
+            mb[i] = mi
+            vb[i] = vi
+            xb[i] = xb[i] * decay - (mi / (np.sqrt(vi) / bc2 + eps)) * step_size
 
 
 def _adamw_when(x, g, m, v, **kw):

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..autograd import Op
 from . import register
@@ -40,7 +40,7 @@ from .cpu_numba import (
     rsum,
     threads_for,
 )
-from .numba_math import exp32
+from .numba_math import exp32, jit
 
 F32 = np.float32
 STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by malloc
@@ -50,7 +50,7 @@ STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by ma
 # serial without the GIL (one call per thread when threads split the heads, see _by_heads).
 
 
-@njit(fastmath=EXP_FM, cache=True)
+@jit(fastmath=EXP_FM)
 def _row_probs(row, scale, lim):
     """row (scores) -> probabilities in place, keys >= lim masked; returns the logsumexp of
     row·scale (-inf for a row that sees no key: it becomes zeros)."""
@@ -72,7 +72,7 @@ def _row_probs(row, scale, lim):
     return lse
 
 
-@njit(fastmath=EXP_FM, cache=True)
+@jit(fastmath=EXP_FM)
 def _row_probs_again(row, scale, lim, lse):
     """row (scores) -> the forward's probabilities e^(row·scale - lse) in place."""
     for j in range(lim):
@@ -80,20 +80,20 @@ def _row_probs_again(row, scale, lim, lse):
     row[lim:] = 0
 
 
-@njit(fastmath=FM, cache=True)
+@jit(fastmath=FM)
 def _row_dscores(p, dp, d, scale):
     """dp <- p·(dp - d)·scale in place (d = rowsum(g·o) of this query)."""
     for j in range(dp.size):
         dp[j] = p[j] * (dp[j] - d) * scale
 
 
-@njit(inline="always", cache=True)
+@jit(inline="always")
 def _lim(i, i0, off, causal, n):
     """Keys query i0 + i may see: j <= i0 + i + off under the causal mask, else all n."""
     return min(n, max(0, i0 + i + off + 1)) if causal else n
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _probs_par(s, scale, i0, off, causal, lse):
     """s (BH, r, n) scores -> probabilities in place; lse (BH, r) the logsumexp per row."""
     BH, r, n = s.shape
@@ -102,7 +102,7 @@ def _probs_par(s, scale, i0, off, causal, lse):
         lse[b, i] = _row_probs(s[b, i], scale, _lim(i, i0, off, causal, n))
 
 
-@njit(nogil=True, cache=True)
+@jit(nogil=True)
 def _probs_ser(s, scale, i0, off, causal, lse):
     BH, r, n = s.shape
     for k in range(BH * r):
@@ -110,7 +110,7 @@ def _probs_ser(s, scale, i0, off, causal, lse):
         lse[b, i] = _row_probs(s[b, i], scale, _lim(i, i0, off, causal, n))
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _probs_again_par(s, scale, i0, off, causal, lse):
     BH, r, n = s.shape
     for k in prange(BH * r):
@@ -118,7 +118,7 @@ def _probs_again_par(s, scale, i0, off, causal, lse):
         _row_probs_again(s[b, i], scale, _lim(i, i0, off, causal, n), lse[b, i])
 
 
-@njit(nogil=True, cache=True)
+@jit(nogil=True)
 def _probs_again_ser(s, scale, i0, off, causal, lse):
     BH, r, n = s.shape
     for k in range(BH * r):
@@ -126,21 +126,21 @@ def _probs_again_ser(s, scale, i0, off, causal, lse):
         _row_probs_again(s[b, i], scale, _lim(i, i0, off, causal, n), lse[b, i])
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _dscores_par(p, dp, d, scale):
     BH, r, _ = p.shape
     for k in prange(BH * r):
         _row_dscores(p[k // r, k % r], dp[k // r, k % r], d[k // r, k % r], scale)
 
 
-@njit(nogil=True, cache=True)
+@jit(nogil=True)
 def _dscores_ser(p, dp, d, scale):
     BH, r, _ = p.shape
     for k in range(BH * r):
         _row_dscores(p[k // r, k % r], dp[k // r, k % r], d[k // r, k % r], scale)
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def _rowdot(g, o, d):
     """d (BH, L) = rowsum(g·o)."""
     BH, L, _ = g.shape

@@ -12,11 +12,11 @@ Imports: numba, numpy, .cpu_numba, .numba_math, ..ops.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI
 from .cpu_numba import EXP_FM, FM, rsum
-from .numba_math import exp32
+from .numba_math import exp32, jit
 
 F32 = np.float32
 K = F32(SQRT_2_OVER_PI)
@@ -24,7 +24,7 @@ K3 = F32(3 * GELU_C)
 GC = F32(GELU_C)
 
 
-@njit(fastmath=FM, cache=True)
+@jit(fastmath=FM)
 def ln_row(xi, w, b, eps, yi):
     """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
     c = xi.size
@@ -39,14 +39,14 @@ def ln_row(xi, w, b, eps, yi):
     return F32(mean), r
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def ln_fwd(x, w, b, eps, y, mean, rstd):
     """y = LayerNorm(x) per row; keeps each row's mean and 1/std for backward."""
     for i in prange(x.shape[0]):
         mean[i], rstd[i] = ln_row(x[i], w, b, eps, y[i])
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def residual_ln_fwd(x, a, bias, w, b, eps, s, y, mean, rstd):
     """s = x + a + bias (the residual stream after a sublayer), y = LayerNorm(s); s may be a."""
     n, c = x.shape
@@ -57,7 +57,7 @@ def residual_ln_fwd(x, a, bias, w, b, eps, s, y, mean, rstd):
         mean[i], rstd[i] = ln_row(si, w, b, eps, y[i])
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def residual_bias_add(out, x, bias):
     """out += x + bias (the block's output: residual stream plus the MLP's projection)."""
     n, c = out.shape
@@ -66,7 +66,7 @@ def residual_bias_add(out, x, bias):
             out[i, j] += x[i, j] + bias[j]
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def bias_gelu_fwd(f, bias, out):
     """f += bias in place (f then holds GELU's input), out = GELU_tanh(f) as f·σ(2u)."""
     n, c = f.shape
@@ -78,7 +78,7 @@ def bias_gelu_fwd(f, bias, out):
             out[i, j] = v / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
 
 
-@njit(parallel=True, fastmath=EXP_FM, cache=True)
+@jit(parallel=True, fastmath=EXP_FM)
 def gelu_bwd_bias(f, d, parts):
     """d <- d·GELU_tanh'(f) in place; parts[p] += the column sums of d (the bias gradient)."""
     n, c = f.shape
@@ -97,7 +97,7 @@ def gelu_bwd_bias(f, d, parts):
                 acc[j] += v
 
 
-@njit(parallel=True, fastmath=FM, cache=True)
+@jit(parallel=True, fastmath=FM)
 def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
     """dx = resid + ∂LayerNorm(x)/∂x · dy per row (resid may be dx: accumulate in place);
     gw_parts / gb_parts[p] += Σ dy·x̂ and Σ dy over block p's rows."""

@@ -13,6 +13,9 @@ most 1.5 ulp of the float32 result where e^x is a normal float32; 0 below x = -8
 The function must be compiled without ``reassoc`` fast-math: reassociation would fold
 the two-step reduction back into one and lose the low bits of r.
 
+Also here: :func:`jit`, numba's ``njit`` as every CPU kernel compiles, with NumPy's error
+model (see its docstring: it is what lets LLVM vectorise a loop that divides).
+
 Imports: llvmlite, math, numba, numpy.
 """
 
@@ -49,6 +52,17 @@ def _rint32(typingctx, x):
     return sig, codegen
 
 
+def jit(cache: bool = True, **options):
+    """``numba.njit(**options)`` as the CPU kernels compile: cached on disk (unless ``cache``
+    is False: code generated at run time has no file to cache beside), and with NumPy's
+    error model, so that ``a / b`` is IEEE division (inf or NaN for a zero b, as NumPy and
+    the reference ops give) rather than Python's, whose zero check in every iteration keeps
+    LLVM from vectorising the loop. Measured on family 25 model 17 (Zen 4), one thread,
+    1.57M float32 elements: the tanh GELU's forward took 11.8 ms with Python's error model,
+    0.88 ms with NumPy's."""
+    return njit(error_model="numpy", cache=cache, **options)
+
+
 F32 = np.float32
 _LOG2E = F32(1.44269504088896341)
 _C1 = F32(0.693359375)  # ln2 = C1 + C2, C1 with few bits so that n·C1 is exact
@@ -69,7 +83,7 @@ EXP_LO = F32(-87.33654022216797)  # smallest x with a normal float32 e^x
 EXP_ULP = 1.5  # the bound the test holds exp32 to
 
 
-@njit(inline="always", fastmath={"contract"}, cache=True)
+@jit(inline="always", fastmath={"contract"})
 def exp32(x):
     """e^x of a float32 (see the module docstring for range and accuracy)."""
     xc = min(max(x, EXP_LO), EXP_HI)
@@ -89,7 +103,7 @@ def exp32(x):
     return y
 
 
-@njit(fastmath={"contract"}, cache=True)
+@jit(fastmath={"contract"})
 def exp32_array(x, out):
     """out = exp32(x) elementwise over flat float32 arrays (for tests and benchmarks)."""
     for i in range(x.size):
