@@ -384,6 +384,34 @@ def test_a_long_chain_is_one_kernel_and_keeps_float32():
     assert fused_names(f) == ["Fused[add+gelu+mul+add+tanh+sigmoid+mul+relu+pow+add+exp+sub+div]"]
 
 
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.parametrize("n", [6, 40_000], ids=["serial", "parallel"])
+def test_a_row_value_broadcast_back_over_its_row_fuses(n):
+    """RMSNorm as a learner writes it: the (rows, 1) scale joins the run that multiplies x by
+    it and by the weight, read once per row; its gradient is summed over the row."""
+    pytest.importorskip("numba")
+
+    def rmsnorm(x, w):
+        return x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * w
+
+    f = tg.compile(rmsnorm)
+    rng = np.random.default_rng(0)
+    w = tg.tensor(rng.standard_normal(8), requires_grad=True)
+    for _ in range(3):
+        x = tg.tensor(rng.standard_normal((2, n // 2, 8)), requires_grad=True)
+        gy = tg.tensor(rng.standard_normal((2, n // 2, 8)))
+        y = f(x, w)
+        got = [y.detach().numpy(), *(g.numpy() for g in tg.autograd.grad((y * gy).sum(), [x, w]))]
+        y2 = rmsnorm(x, w)
+        want = [
+            y2.detach().numpy(),
+            *(g.numpy() for g in tg.autograd.grad((y2 * gy).sum(), [x, w])),
+        ]
+        for a, c in zip(got, want):
+            np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
+    assert "Fused[mul+mul]" in fused_names(f), fused_names(f)
+
+
 def test_nothing_is_fused_with_the_kernels_off(monkeypatch):
     monkeypatch.setattr(tg.kernels, "is_enabled", lambda name=None: False)
     f = tg.compile(lambda x: (x * 2.0).tanh() + 1.0)

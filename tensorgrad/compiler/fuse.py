@@ -7,7 +7,9 @@ kernel. The backward recomputes the run's
 values from its inputs and walks the run in reverse; its derivatives come from ``RULES``,
 one table of scalar rules (as tinygrad keeps its rules in one table). An input of the run is
 a whole array of the output's shape, a trailing broadcast (a bias of shape (C,) against
-(B, T, C): read at ``i % C``, its gradient summed over the rest), or a Python scalar.
+(B, T, C): read at ``i % C``, its gradient summed over the rest), one value per row (a
+keepdim reduction's (B, T, 1), as RMSNorm's x·rsqrt(mean(x²) + eps): read at ``i // C``,
+its gradient summed over the row), or a Python scalar.
 
 The pattern is the graph's, never a module's type: any forward whose ops form such a run is
 fused, edited or not. Without numba, or with ``TG_KERNELS=0``, nothing is fused and the
@@ -125,8 +127,10 @@ def _joins(graph: Graph, run: list, st: Step) -> bool:
 
 
 def _kind(graph: Graph, ref, shape):
-    """How input ``ref`` is read against the output ``shape``: ("full",), ("tail", m),
-    ("scalar",), or None when it cannot be fused."""
+    """How input ``ref`` is read against the output ``shape``: ("full",), ("tail", m): a
+    trailing broadcast, read at i % m; ("lead", m): one value per row of the last m
+    elements (a keepdim reduction's (B, T, 1) against (B, T, C)), read at i // m;
+    ("scalar",); or None when it cannot be fused."""
     kind, v = ref
     if kind == "c" and isinstance(v, (int, float)) and not isinstance(v, bool):
         return ("scalar",)
@@ -136,6 +140,11 @@ def _kind(graph: Graph, ref, shape):
     s = tuple(s)
     if s == tuple(shape):
         return ("full",)
+    k = len(s)
+    while k and s[k - 1] == 1:
+        k -= 1
+    if len(s) == len(shape) and k < len(s) and s[:k] == tuple(shape[:k]):
+        return ("lead", int(np.prod(shape[k:], dtype=np.int64)))
     while s and s[0] == 1:
         s = s[1:]
     if len(s) <= len(shape) and tuple(shape[len(shape) - len(s) :]) == s:
@@ -193,6 +202,8 @@ def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape, dtype) 
             body.append(f"x{j} = A{j}[i]")
         elif kd[0] == "tail":
             body.append(f"x{j} = A{j}[i % {kd[1]}]")
+        elif kd[0] == "lead":
+            body.append(f"x{j} = A{j}[i // {kd[1]}]")
         else:
             body.append(f"x{j} = F({float(ref[1])!r})")
             consts.append(j)
@@ -320,6 +331,8 @@ class FusedElementwise(Op):
         for j, g in zip(self.wanted, gx):
             if self.kinds[j][0] == "tail":
                 g = g.reshape(-1, self.kinds[j][1]).sum(0)
+            elif self.kinds[j][0] == "lead":
+                g = g.reshape(-1, self.kinds[j][1]).sum(1)
             out[j] = g.reshape(np.shape(inputs[j]))
         self.inputs = None
         return tuple(out)
