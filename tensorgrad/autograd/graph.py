@@ -306,6 +306,16 @@ def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
     for j, r in enumerate(results):
         a = r._array
         candidates.append((r, a, (1, j), type(a) is ndarray and a.base is None))
+    # an array that owns its memory shares it only with itself and with views: candidates
+    # that own theirs are found by id, so an op saving many inputs (a compiled graph's
+    # Replay saves every parameter) does not compare every pair
+    owners: dict = {}
+    views = []
+    for c, (_, a, _, owns) in enumerate(candidates):
+        if owns:
+            owners.setdefault(id(a), []).append(c)
+        else:
+            views.append(c)
     checks, checked, links, saved, copied = [], set(), [], list(fn.saved), False
     for i, s in enumerate(saved):
         link = None
@@ -315,7 +325,13 @@ def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
         # 0-d arrays cannot be changed behind our back: they only need their link
         guard = getattr(s, "ndim", 0)
         s_owns = type(s) is ndarray and s.base is None
-        for t, a, where, owns in candidates:
+        if s_owns:
+            near = owners.get(id(s), [])
+            near = sorted(near + views) if views else near
+        else:
+            near = range(len(candidates))
+        for c in near:
+            t, a, where, owns = candidates[c]
             if link is None and a is s:
                 link = where  # the first input (else output) that is this very array
             if not guard or (t is None and not (hasattr(a, "dtype") and getattr(a, "ndim", 0))):
