@@ -55,6 +55,9 @@ def set_threads(n: int, torch_too: bool) -> None:
         try:
             import numba
 
+            import tensorgrad  # noqa: F401  (first: its kernels start numba's pool passive,
+            # as in a user's process; set_num_threads before it would start it spinning)
+
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
         except ImportError:
             pass

@@ -85,15 +85,13 @@ def kernel_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
 
-_pool = [False]  # started yet
-
-
 def _start_pool() -> None:
     """Start numba's thread pool once, with OMP_WAIT_POLICY=PASSIVE for its OpenMP runtime
     unless the user set a policy. OpenMP reads the policy when its library loads, which is
     when numba starts the pool, so the variable is set for that moment only and removed
-    again: an OpenMP runtime loaded later (PyTorch's) keeps its own default."""
-    _pool[0] = True
+    again: an OpenMP runtime loaded later (PyTorch's) keeps its own default. It runs when
+    this module is imported (4 ms), before anything else can start the pool spinning: a
+    ``numba.set_num_threads`` call starts it too."""
     if "OMP_WAIT_POLICY" in os.environ:
         numba.get_num_threads()
         return
@@ -115,8 +113,6 @@ class threads_for:
         self.size = size
 
     def __enter__(self):
-        if not _pool[0]:
-            _start_pool()
         self.prev = prev = numba.get_num_threads()
         self.want = min(prev, kernel_threads()) if self.size >= PARALLEL_MIN else 1
         if self.want != prev:
@@ -607,3 +603,6 @@ def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
         t(eps),
         t(lr / (1 - b1**step)),
     )
+
+
+_start_pool()
