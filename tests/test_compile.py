@@ -236,6 +236,30 @@ def test_create_graph_through_a_compiled_module_matches_eager():
     assert compiled_forward(compiled).summary()["compiled"] == 1
 
 
+def test_backward_through_a_replay_releases_as_it_goes_or_retains_when_asked():
+    """Each replayed op's saved state goes once its backward has run (as the eager walk
+    releases each node, so activations are freed as gradients come); retain_graph=True keeps
+    them for a second backward, and a second backward without it says why it cannot run."""
+    f = tg.compile(lambda x, w: ((x @ w).tanh() @ w).sum())
+    w = tg.randn(8, 8, requires_grad=True)
+    for _ in range(3):
+        x = tg.randn(4, 8, requires_grad=True)
+        y = f(x, w)
+    replay = y._node
+    assert type(replay).__name__ == "Replay"
+    y.backward(retain_graph=True)
+    g1 = w.grad.numpy().copy()
+    assert all(fn is not None for fn in replay.fns)
+    y.backward()  # the retained graph runs again and adds the same gradient
+    np.testing.assert_allclose(w.grad.numpy(), 2 * g1, rtol=1e-6)
+    y2 = f(x, w)
+    r2 = y2._node
+    y2.backward()
+    assert "fns" not in r2.__dict__ or all(fn is None for fn in r2.fns)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y2.backward()
+
+
 def test_a_compiled_function():
     @tg.compile
     def f(x, w):

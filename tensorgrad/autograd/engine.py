@@ -24,6 +24,7 @@ from .graph import (
     enable_grad,
     is_tensor,
     node_output,
+    retaining,
     saved_links,
     set_grad_enabled,
 )
@@ -60,7 +61,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph: bool =
     retain = create_graph if retain_graph is None else retain_graph
     try:
         roots = _roots(tensors, grad_tensors, create_graph, "backward")
-        with set_grad_enabled(create_graph):
+        with set_grad_enabled(create_graph), retaining(retain):
             if create_graph or _registered:  # a layer may be needed: hooks, retained outputs
                 layers = _Layers(retain, create_graph)
                 walk(roots, layers.node, layers.leaf, True)
@@ -97,7 +98,7 @@ def grad(
     targets = dict.fromkeys(keys)
     retain = create_graph if retain_graph is None else retain_graph
     layers = _Layers(retain, create_graph, targets, _leading_to(targets, roots))
-    with set_grad_enabled(create_graph):
+    with set_grad_enabled(create_graph), retaining(retain):
         walk(roots, layers.node, layers.leaf, True)
     result = []
     for i, (x, key) in enumerate(zip(inputs, keys)):

@@ -35,6 +35,22 @@ from ..devices import get_array_module, shares_memory
 
 class _GradMode(threading.local):
     enabled = True  # the class attribute is each new thread's default: recording on
+    retain_graph = False  # whether the backward running now keeps the graph (a node that
+    # holds a whole graph, compile's Replay, releases its parts as it goes unless so)
+
+
+class retaining(contextlib.ContextDecorator):
+    """``with retaining(flag):`` the backward inside keeps (True) or releases the graph."""
+
+    def __init__(self, flag: bool):
+        self.flag = bool(flag)
+
+    def __enter__(self):
+        self.prev, _state.retain_graph = _state.retain_graph, self.flag
+
+    def __exit__(self, *exc):
+        _state.retain_graph = self.prev
+        return False
 
 
 _state = _GradMode()

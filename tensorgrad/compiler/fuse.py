@@ -334,7 +334,6 @@ class FusedElementwise(Op):
             elif self.kinds[j][0] == "lead":
                 g = g.reshape(-1, self.kinds[j][1]).sum(1)
             out[j] = g.reshape(np.shape(inputs[j]))
-        self.inputs = None
         return tuple(out)
 
 

@@ -30,6 +30,25 @@ def _arg(env, ref):
     return env[v] if kind == "v" else v
 
 
+def _frees(graph: Graph) -> list:
+    """Per plan step, the slots no later step (nor the result) reads: replay drops them there,
+    as eager mode drops a temporary (computed once per graph)."""
+    frees = graph.__dict__.get("_frees")
+    if frees is None:
+        last = {}
+        for k, st in enumerate(graph.plan):
+            for kind, v in list(st.ins) + list(st.kwargs.values()):
+                if kind == "v":
+                    last[v] = k
+        keep = set(graph.output_slots())
+        frees = [[] for _ in graph.plan]
+        for v, k in last.items():
+            if v not in keep:
+                frees[k].append(v)
+        graph._frees = frees
+    return frees
+
+
 class Replay(tape.Op):
     """The graph node of one compiled call: ``Replay.apply(*used, graph=g)``, ``used`` the
     live inputs the graph reads (``graph.used``: an unused parameter gets no gradient, as in
@@ -42,8 +61,8 @@ class Replay(tape.Op):
         env = [None] * len(graph.needs_grad)
         for slot, a in zip(graph.used, arrays):
             env[slot] = a
-        fns = []
-        for st in graph.plan:
+        fns, frees = [], _frees(graph)
+        for k, st in enumerate(graph.plan):
             fn = st.impl()
             fn.reference = st.cls
             fn.needs_input_grad = st.needs if record else (False,) * len(st.ins)
@@ -55,6 +74,8 @@ class Replay(tape.Op):
                 env[slot] = np.asarray(o) if isinstance(o, np.generic) else o
             if record:
                 fns.append(fn)
+            for slot in frees[k]:
+                env[slot] = None  # no later step reads it (what backward needs, ops saved)
         self.graph, self.fns = graph, fns
         if record:
             self.save(*arrays)  # in-place changes to an input before backward are caught
@@ -69,7 +90,14 @@ class Replay(tape.Op):
         for slot, g in zip(self.out_slots, gys):
             if g is not None:
                 grads[slot] = g if grads[slot] is None else grads[slot] + g
-        for st, fn in zip(reversed(graph.plan), reversed(self.fns)):
+        fns = self.fns
+        keep = tape._state.retain_graph  # backward(retain_graph=True): run them again later
+        for k in range(len(graph.plan) - 1, -1, -1):
+            st, fn = graph.plan[k], fns[k]
+            if fn is None:
+                raise RuntimeError(tape.RELEASED_MSG)
+            if not keep:  # dropped once its backward has run, with what it saved (as the
+                fns[k] = None  # eager walk releases each node): activations go as gradients come
             gouts = [grads[s] for s in st.outs]
             if all(g is None for g in gouts) or not any(st.needs):
                 continue
@@ -91,7 +119,6 @@ class Replay(tape.Op):
                 if need and gx is not None and ref[0] == "v":
                     s = ref[1]
                     grads[s] = gx if grads[s] is None else grads[s] + gx
-        self.fns = []
         return tuple(grads[s] for s in graph.used)
 
     def _differentiable_backward(self, gys):
