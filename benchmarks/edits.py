@@ -7,8 +7,10 @@ parallel attention + MLP block) trace other ops than the stock block, so compile
 emit the fused block kernel for them: they run as written, each op with its own kernel,
 replayed without per-op Python. This prints each edited step's time over the compiled stock
 step's (issue 33's target: <= 1.15), and the stock step eager (--no-compile) for scale. The
-edits are made at class level, as editing model.py does; each configuration runs in this
-process one after another, a median of --reps steps after the two traced ones.
+edits are made at class level, as editing model.py does, for each step of that model only.
+All models are built in this process and take their steps in turn, one each per round
+(sequential runs drifted 20-40% apart on a shared 2-core machine); a figure is the median
+of --reps steps after the two traced ones.
 """
 
 from __future__ import annotations
@@ -56,40 +58,71 @@ def _edits():
     }
 
 
-def step_ms(shape: str, patches: list, compiled: bool, reps: int) -> float:
-    import tensorgrad as tg
-    from gpt import model as gm
-
+def _patched(patches: list, fn):
+    """fn() with the class-level patches made, and undone after."""
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:
-        L, H, C, T, B, V = SHAPES[shape]
-        tg.manual_seed(0)
-        model = gm.GPT(gpt_config(shape, T, T))
-        if compiled:
-            tg.compile(model)
-        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95))
-        g = np.random.default_rng(0)
-        x, y = g.integers(0, V, (B, T)), g.integers(0, V, (B, T))
-        times = []
-        for _ in range(reps + 2):  # the first two steps trace
-            t0 = time.perf_counter()
-            _, loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times[2:])) * 1e3
+        return fn()
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
 
 
+def steps_ms(shape: str, configs: dict, reps: int) -> dict:
+    """{name: median ms per training step} for configs {name: (patches, compiled)}: every
+    model built first, then their steps taken in turn, one each per round, so that a change
+    in the machine's load reaches all of them alike (the first two steps of each trace)."""
+    import tensorgrad as tg
+    from gpt import model as gm
+
+    L, H, C, T, B, V = SHAPES[shape]
+    g = np.random.default_rng(0)
+    x, y = g.integers(0, V, (B, T)), g.integers(0, V, (B, T))
+    runs = {}
+    for name, (patches, compiled) in configs.items():
+
+        def build(compiled=compiled):
+            tg.manual_seed(0)
+            model = gm.GPT(gpt_config(shape, T, T))
+            if compiled:
+                tg.compile(model)
+            return model, model.configure_optimizers(0.1, 6e-4, (0.9, 0.95))
+
+        runs[name] = _patched(patches, build)
+
+    def step(name):
+        model, opt = runs[name]
+
+        def run():
+            t0 = time.perf_counter()
+            _, loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return time.perf_counter() - t0
+
+        return _patched(configs[name][0], run)
+
+    times = {name: [] for name in configs}
+    for r in range(reps + 2):
+        for name in configs:
+            t = step(name)
+            if r >= 2:
+                times[name].append(t)
+    return {name: float(np.median(ts)) * 1e3 for name, ts in times.items()}
+
+
+def step_ms(shape: str, patches: list, compiled: bool, reps: int) -> float:
+    """One configuration's median ms per step (steps_ms with it alone)."""
+    return steps_ms(shape, {"one": (patches, compiled)}, reps)["one"]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="char-small,baby")
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=11)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
     edits, rows = _edits(), []
@@ -97,18 +130,17 @@ def main(argv=None) -> None:
     print("| shape | model | ms/step | / compiled stock |")
     print("|---|---|---|---|")
     for shape in a.shapes.split(","):
-        stock = step_ms(shape, [], True, a.reps)
-        eager = step_ms(shape, [], False, a.reps)
-        print(f"| {shape} | stock, compiled | {stock:.1f} | 1.00 |")
-        print(f"| {shape} | stock, --no-compile | {eager:.1f} | {eager / stock:.2f} |")
-        rows += [dict(shape=shape, model="stock", compiled=True, ms=stock)]
-        rows += [dict(shape=shape, model="stock", compiled=False, ms=eager)]
-        for name, patches in edits.items():
-            if name == "stock":
-                continue
-            ms = step_ms(shape, patches, True, a.reps)
-            print(f"| {shape} | {name}, compiled | {ms:.1f} | {ms / stock:.2f} |")
-            rows.append(dict(shape=shape, model=name, compiled=True, ms=ms, ratio=ms / stock))
+        configs = {"stock": ([], True), "stock, --no-compile": ([], False)}
+        configs.update({f"{n}": (p, True) for n, p in edits.items() if n != "stock"})
+        ms = steps_ms(shape, configs, a.reps)
+        stock = ms["stock"]
+        for name, t in ms.items():
+            label = "stock, compiled" if name == "stock" else name
+            label += ", compiled" if name not in ("stock", "stock, --no-compile") else ""
+            print(f"| {shape} | {label} | {t:.1f} | {t / stock:.2f} |")
+            rows.append(
+                dict(shape=shape, model=name, compiled=configs[name][1], ms=t, ratio=t / stock)
+            )
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"machine": describe(), "rows": rows}, f, indent=1)
