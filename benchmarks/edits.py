@@ -130,17 +130,14 @@ def main(argv=None) -> None:
     print("| shape | model | ms/step | / compiled stock |")
     print("|---|---|---|---|")
     for shape in a.shapes.split(","):
-        configs = {"stock": ([], True), "stock, --no-compile": ([], False)}
-        configs.update({f"{n}": (p, True) for n, p in edits.items() if n != "stock"})
-        ms = steps_ms(shape, configs, a.reps)
-        stock = ms["stock"]
-        for name, t in ms.items():
-            label = "stock, compiled" if name == "stock" else name
-            label += ", compiled" if name not in ("stock", "stock, --no-compile") else ""
+        # (model, compiled) -> its class-level patches
+        configs = {(n, True): p for n, p in edits.items()} | {("stock", False): []}
+        ms = steps_ms(shape, {k: (p, k[1]) for k, p in configs.items()}, a.reps)
+        stock = ms[("stock", True)]
+        for (name, compiled), t in ms.items():
+            label = f"{name}, {'compiled' if compiled else '--no-compile'}"
             print(f"| {shape} | {label} | {t:.1f} | {t / stock:.2f} |")
-            rows.append(
-                dict(shape=shape, model=name, compiled=configs[name][1], ms=t, ratio=t / stock)
-            )
+            rows.append(dict(shape=shape, model=name, compiled=compiled, ms=t, ratio=t / stock))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"machine": describe(), "rows": rows}, f, indent=1)

@@ -80,9 +80,10 @@ def kernel_threads() -> int:
     model 17, Zen 4, 2 cores).
     """
     env = os.environ.get("TG_KERNEL_THREADS", "")
-    if env:
-        return max(1, int(env))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    return max(1, int(env)) if env else _CORES
+
+
+_CORES = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
 
 def _start_pool() -> None:
