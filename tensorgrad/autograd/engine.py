@@ -187,13 +187,13 @@ class _Layers:
         if fn.hooks is not None or fn.retained is not None or self.targets is not None:
             self._output_grads(fn, gys)
         create_graph = self.create_graph
-        if missing:  # outputs that received no gradient contribute zeros
+        if missing and not fn.takes_none:  # outputs that received no gradient: zeros
             xp = get_array_module(*[g.array if is_tensor(g) else g for g in gys if g is not None])
             gys = [
                 _zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)
             ]
         if create_graph:
-            return check_grads(fn, differentiable_backward(fn, [constant(g) for g in gys]))
+            return check_grads(fn, differentiable_backward(fn, [g if g is None else constant(g) for g in gys]))
         return check_grads(fn, fn.backward(*gys))
 
     def _output_grads(self, fn: Op, gys: list) -> None:

@@ -181,6 +181,7 @@ class Op:
     multi_output = False  # forward returns a tuple of arrays
     non_differentiable: tuple = ()  # input positions whose gradient is never defined
     none_is_no_gradient = False  # backward may return None for any input (a user's Function)
+    takes_none = False  # backward takes None for an output that got no gradient (no zeros made)
     op: str | None = None  # the registry's name for this op (reference Ops only)
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract

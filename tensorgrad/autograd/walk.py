@@ -93,7 +93,7 @@ def run_node(fn: Op, gys):
         return None
     if fn.checks:
         check_versions(fn)  # no tensor that fn saved was changed in place since
-    if missing:  # outputs that received no gradient contribute zeros
+    if missing and not fn.takes_none:  # outputs that received no gradient contribute zeros
         xp = get_array_module(*[g for g in gys if g is not None])
         gys = [xp.zeros(*m) if g is None else g for g, m in zip(gys, fn.out_meta)]
     return check_grads(fn, fn.backward(*gys))

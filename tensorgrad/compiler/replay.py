@@ -55,6 +55,8 @@ class Replay(tape.Op):
     eager mode, rather than a None the walk would take for a missing one)."""
 
     multi_output = True
+    takes_none = True  # an output no gradient reached (the logits beside the loss) adds
+    # nothing: zeros of its shape would be a whole (B, T, vocab) array, added to a real one
 
     def forward(self, *arrays, graph: Graph):
         record = any(self.needs_input_grad)
