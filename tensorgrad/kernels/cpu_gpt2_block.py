@@ -18,8 +18,10 @@ NumPy inputs with every parameter present. Per block:
 The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
 probabilities recomputed in backward from the logsumexp), on (B, nh, T, hs) views of the
 (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
-with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f,
-GELU(f) and the row statistics, as llm.c does. Under ``create_graph`` the compiled graph
+with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
+the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
+beside its derivative (the same exp), so each block holds 4·C floats per row less until its
+backward (151 MB at gpt2-124M, T = 1024). Under ``create_graph`` the compiled graph
 differentiates the traced ops instead (``compiler/replay.py``), so this backward is only
 ever first order. tests/test_kernels_block.py checks it against the ops one by one.
 
@@ -148,7 +150,7 @@ class NumbaGPT2Block(Op):
         self.kw = {"n_head": n_head, "eps": eps, "approximate": approximate}
         self.shape, self.scale = shape, scale
         self.save(x, *params)
-        self.acts = (h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f, a)
+        self.acts = (h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f)  # a: recomputed in backward
         return out.reshape(B, T, C)
 
     def backward(self, g):
@@ -162,15 +164,16 @@ class NumbaGPT2Block(Op):
 
     def backward_block(self, g):
         x, l1w, l1b, aw, ab, pw, pb, l2w, l2b, fw, fb, mw, mb = self.saved
-        h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f, a = self.acts
+        h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f = self.acts
         N, C = h1.shape
         g2 = np.ascontiguousarray(g).reshape(N, C)
         P = min(N, PARTS)
-        # MLP: out = x1 + a·Wmᵀ + bm
-        gmb, gmw = g2.sum(axis=0), np.matmul(g2.T, a)
+        # MLP: out = x1 + a·Wmᵀ + bm, a = GELU(f)
         df = np.matmul(g2, mw)  # (N, 4C): ∂a, then ∂f in place
-        gfb = np.zeros((P, 4 * C), F32)
-        gelu_bwd_bias(f, df, gfb)
+        a, gfb = np.empty_like(f), np.zeros((P, 4 * C), F32)
+        gelu_bwd_bias(f, df, a, gfb)  # (and a, recomputed)
+        gmb, gmw = g2.sum(axis=0), np.matmul(g2.T, a)
+        del a
         gfw, dh2 = np.matmul(df.T, h2), np.matmul(df, fw)
         del df
         dx1, gl2w, gl2b = np.empty((N, C), F32), np.zeros((P, C), F32), np.zeros((P, C), F32)

@@ -79,8 +79,11 @@ def bias_gelu_fwd(f, bias, out):
 
 
 @jit(parallel=True, fastmath=EXP_FM)
-def gelu_bwd_bias(f, d, parts):
-    """d <- d·GELU_tanh'(f) in place; parts[p] += the column sums of d (the bias gradient)."""
+def gelu_bwd_bias(f, d, a, parts):
+    """d <- d·GELU_tanh'(f) in place; a = GELU_tanh(f) again, as bias_gelu_fwd computed it
+    (recomputed here, where the derivative needs the same exp, rather than kept from the
+    forward: 4·C floats per row less held by every block until its backward); parts[p] +=
+    the column sums of d (the bias gradient)."""
     n, c = f.shape
     P = parts.shape[0]
     for p in prange(P):
@@ -90,6 +93,7 @@ def gelu_bwd_bias(f, d, parts):
                 x = f[i, j]
                 x2 = x * x
                 e = exp32(min(F32(-2) * K * (x + GC * x2 * x), F32(80)))
+                a[i, j] = x / (F32(1) + e)
                 s = F32(1) / (F32(1) + e)
                 es = e * s * s  # first: e alone may be 5e34, times x it would overflow
                 v = d[i, j] * (s + x * F32(2) * es * K * (F32(1) + K3 * x2))
