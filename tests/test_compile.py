@@ -433,7 +433,66 @@ def test_a_row_value_broadcast_back_over_its_row_fuses(n):
         ]
         for a, c in zip(got, want):
             np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
-    assert "Fused[mul+mul]" in fused_names(f), fused_names(f)
+    assert fused_names(f) == ["Fused[pow+mean+add+sqrt+pow+mul+mul]"], fused_names(f)
+
+
+ROW_PROGRAMS = {
+    # (function of x (rows, C), w (C,), s (rows, 1), u (T, C), v (B, 1, 1)), what fuses
+    "residual rmsnorm": lambda x, w, s, u, v: (
+        (h := x + u) * (h * h).mean(-1, keepdim=True).add(1e-5).rsqrt() * w
+    ),
+    "softmax by hand": lambda x, w, s, u, v: (e := (x * w).exp()) / e.sum(-1, keepdim=True),
+    "layernorm by hand": lambda x, w, s, u, v: (
+        (d := x - x.mean(-1, keepdim=True)) * (d * d).mean(-1, keepdim=True).add(1e-5).rsqrt() * w
+    ),
+    "row input and row output": lambda x, w, s, u, v: (
+        (t := (x.tanh() * s).sum(-1, keepdim=True).sigmoid()),
+        x * t * v + u,
+    ),
+    "reduction of an input": lambda x, w, s, u, v: x.mean(-1, keepdim=True) * x - x * w,
+    "rows read before the reduction": lambda x, w, s, u, v: (
+        (x * s + v).pow(2).sum(-1, keepdim=True).sqrt()
+    ),
+}
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.parametrize("B,T", [(2, 3), (4, 320)], ids=["serial", "parallel"])
+@pytest.mark.parametrize("name", sorted(ROW_PROGRAMS))
+def test_a_row_program_matches_the_ops(name, B, T):
+    """Elementwise steps, a keepdim reduction over the last axis, steps on its (rows, 1)
+    value and steps after it that read it per row: one generated kernel each way (float64,
+    tight), its value and every input's gradient against the ops one by one. Inputs read
+    whole, per column (C,), per row (B, T, 1), per (T, C) and per batch (B, 1, 1)."""
+    pytest.importorskip("numba")
+    fn, C = ROW_PROGRAMS[name], 32
+    f = tg.compile(fn)
+    rng = np.random.default_rng(0)
+
+    def arg(*shape):
+        return tg.tensor(rng.standard_normal(shape), requires_grad=True)
+
+    for _ in range(3):
+        args = [arg(B, T, C), arg(C), arg(B, T, 1), arg(T, C), arg(B, 1, 1)]
+        out = f(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        ws = [tg.tensor(rng.standard_normal(o.shape)) for o in outs]
+        loss = sum((o * w).sum() for o, w in zip(outs, ws))
+        got = [o.detach().numpy() for o in outs] + [
+            g.numpy()
+            for g in tg.autograd.grad(loss, args, allow_unused=True, materialize_grads=True)
+        ]
+        want_out = fn(*args)
+        want_outs = want_out if isinstance(want_out, tuple) else (want_out,)
+        loss2 = sum((o * w).sum() for o, w in zip(want_outs, ws))
+        want = [o.detach().numpy() for o in want_outs] + [
+            g.numpy()
+            for g in tg.autograd.grad(loss2, args, allow_unused=True, materialize_grads=True)
+        ]
+        for k, (a, c) in enumerate(zip(got, want)):
+            np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12, err_msg=f"{name}: {k}")
+    fused = [n for n in fused_names(f) if n.startswith("Fused[")]
+    assert any("mean" in n or "sum" in n for n in fused), fused_names(f)
 
 
 def test_nothing_is_fused_with_the_kernels_off(monkeypatch):

@@ -193,7 +193,9 @@ class _Layers:
                 _zeros(xp, m, create_graph) if g is None else g for g, m in zip(gys, fn.out_meta)
             ]
         if create_graph:
-            return check_grads(fn, differentiable_backward(fn, [g if g is None else constant(g) for g in gys]))
+            return check_grads(
+                fn, differentiable_backward(fn, [g if g is None else constant(g) for g in gys])
+            )
         return check_grads(fn, fn.backward(*gys))
 
     def _output_grads(self, fn: Op, gys: list) -> None:

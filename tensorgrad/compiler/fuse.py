@@ -8,8 +8,14 @@ values from its inputs and walks the run in reverse; its derivatives come from `
 one table of scalar rules (as tinygrad keeps its rules in one table). An input of the run is
 a whole array of the output's shape, a trailing broadcast (a bias of shape (C,) against
 (B, T, C): read at ``i % C``, its gradient summed over the rest), one value per row (a
-keepdim reduction's (B, T, 1), as RMSNorm's x·rsqrt(mean(x²) + eps): read at ``i // C``,
+keepdim reduction's (B, T, 1), as RMSNorm's x·rsqrt(mean(x²) + eps): read once per row,
 its gradient summed over the row), or a Python scalar.
+
+A run may also hold one reduction: a Sum or Mean over the last axis with keepdim=True, the
+steps on its (B, T, 1) value, and the steps after it that read that value per row. That is a
+row program (``_Source``): RMSNorm as written, ``x * (x.pow(2).mean(-1, keepdim=True) +
+eps).rsqrt() * w``, with the residual add before it, is one kernel each way, a few passes
+over each row while the row is in cache.
 
 The pattern is the graph's, never a module's type: any forward whose ops form such a run is
 fused, edited or not. Without numba, or with ``TG_KERNELS=0``, nothing is fused and the
@@ -77,21 +83,6 @@ def plan(graph: Graph) -> list:
     return fuse_runs(graph, steps) if _have_numba() else steps
 
 
-def fuse_runs(graph: Graph, steps: list) -> list:
-    """``steps`` with each run of two or more elementwise steps as one generated kernel."""
-    used_after = _last_reads(graph, steps)
-    out, run = [], []
-    for k, st in enumerate(steps):
-        if run and not _joins(graph, run, st):
-            out += _close(graph, run, used_after)
-            run = []
-        if _fusable(graph, st):
-            run.append((k, st))
-        else:
-            out.append(st)
-    return out + _close(graph, run, used_after)
-
-
 def _have_numba() -> bool:
     try:
         import numba  # noqa: F401
@@ -120,10 +111,6 @@ def _fusable(graph: Graph, st: Step) -> bool:
     if dtype not in (np.float32, np.float64) or any(k != "approximate" for k in st.kwargs):
         return False
     return all(_kind(graph, ref, shape) is not None for ref in st.ins)
-
-
-def _joins(graph: Graph, run: list, st: Step) -> bool:
-    return _fusable(graph, st) and st.meta[0] == run[0][1].meta[0]
 
 
 def _kind(graph: Graph, ref, shape):
@@ -164,15 +151,104 @@ def _last_reads(graph: Graph, steps: list) -> dict:
     return last
 
 
-def _close(graph: Graph, run: list, used_after: dict) -> list:
+def fuse_runs(graph: Graph, steps: list) -> list:
+    """``steps`` with each run of two or more elementwise steps (and at most one row
+    reduction among them) as one generated kernel."""
+    used_after = _last_reads(graph, steps)
+    out, run = [], Run()
+    for k, st in enumerate(steps):
+        if run.steps and not run.takes(graph, st):
+            out += _close(graph, run, used_after)
+            run = Run()
+        if run.takes(graph, st):
+            run.add(graph, k, st)
+        else:
+            out.append(st)
+    return out + _close(graph, run, used_after)
+
+
+def _reduces_rows(graph: Graph, st: Step) -> bool:
+    """A Sum or Mean over the last axis with keepdim=True, of a float array whose rows hold
+    more than one element: a row program's one reduction."""
+    if st.cls.__name__ not in ("Sum", "Mean") or st.impl.multi_output or len(st.outs) != 1:
+        return False
+    if set(st.kwargs) - {"dim", "keepdim"} or st.ins[0][0] != "v":
+        return False
+    dim = st.kwargs.get("dim", ("c", None))[1]
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    shape, dtype = graph.meta[st.ins[0][1]]
+    shape = tuple(shape)
+    return (
+        st.kwargs.get("keepdim", ("c", False))[1] is True
+        and isinstance(dim, int)
+        and not isinstance(dim, bool)
+        and len(shape) >= 1
+        and shape[-1] > 1
+        and dim in (-1, len(shape) - 1)
+        and dtype in (np.float32, np.float64)
+        and tuple(st.meta[0][0]) == _row_shape(shape)
+    )
+
+
+def _row_shape(shape) -> tuple:
+    return (*tuple(shape)[:-1], 1)
+
+
+class Run:
+    """The steps of one fused kernel as they are collected: elementwise steps of one shape
+    (the elements), and optionally one last-axis reduction followed by elementwise steps on
+    its (rows, 1) shape (the rows), whose values the element steps after it read per row."""
+
+    def __init__(self):
+        self.steps: list = []  # (level, index, step): level "e" (elements), "r" (rows), "red"
+        self.shape = self.dtype = None
+        self.rows: set = set()  # slots of the run's row values
+
+    def takes(self, graph: Graph, st: Step) -> bool:
+        if _reduces_rows(graph, st):
+            shape, dtype = graph.meta[st.ins[0][1]]
+            if any(level == "red" for level, _, _ in self.steps):
+                return False
+            return self.shape is None or (tuple(shape), dtype) == (self.shape, self.dtype)
+        if not _fusable(graph, st):
+            return False
+        shape, dtype = tuple(st.meta[0][0]), st.meta[0][1]
+        if self.shape is None or (shape, dtype) == (self.shape, self.dtype):
+            return True
+        # a step on the rows: after the reduction, reading only row values and numbers
+        return (
+            bool(self.rows)
+            and (shape, dtype) == (_row_shape(self.shape), self.dtype)
+            and all(r[0] == "c" or tuple(graph.meta[r[1]][0]) == shape for r in st.ins)
+        )
+
+    def add(self, graph: Graph, k: int, st: Step) -> None:
+        if _reduces_rows(graph, st):
+            shape, dtype = graph.meta[st.ins[0][1]]
+            self.shape, self.dtype = tuple(shape), dtype
+            self.steps.append(("red", k, st))
+            self.rows.add(st.outs[0])
+            return
+        shape = tuple(st.meta[0][0])
+        if self.shape is None:
+            self.shape, self.dtype = shape, st.meta[0][1]
+        row = bool(self.rows) and shape == _row_shape(self.shape) != self.shape
+        self.steps.append(("r" if row else "e", k, st))
+        if row:
+            self.rows.add(st.outs[0])
+
+
+def _close(graph: Graph, run: Run, used_after: dict) -> list:
     """The steps of a finished run: as they were when too short, else one fused step."""
-    if len(run) < 2:
-        return [st for _, st in run]
-    end = run[-1][0]
-    made = {st.outs[0] for _, st in run}
-    outs = [st.outs[0] for _, st in run if used_after.get(st.outs[0], -1) > end]
+    steps = [st for _, _, st in run.steps]
+    if len(steps) < 2:
+        return steps
+    end = run.steps[-1][1]
+    made = {st.outs[0] for st in steps}
+    outs = [st.outs[0] for st in steps if used_after.get(st.outs[0], -1) > end]
     ins, seen = [], {}
-    for _, st in run:
+    for st in steps:
         for ref in st.ins:
             key = (ref[0], ref[1] if ref[0] == "v" else id(ref[1]))
             if ref[0] == "v" and ref[1] in made:
@@ -180,88 +256,276 @@ def _close(graph: Graph, run: list, used_after: dict) -> list:
             if key not in seen:
                 seen[key] = len(ins)
                 ins.append(ref)
-    shape, dtype = run[0][1].meta[0]
-    impl = _kernel_class([st for _, st in run], ins, outs, graph, shape, dtype)
+    impl = _kernel_class(run, ins, outs, graph)
     needs = tuple(ref[0] == "v" and graph.needs_grad[ref[1]] for ref in ins)
-    return [Step(impl, impl, ins, {}, outs, needs, [(shape, dtype)] * len(outs))]
+    meta = [graph.meta[s] for s in outs]
+    return [Step(impl, impl, ins, {}, outs, needs, meta)]
 
 
 # ----------------------------------------------------------------------------- code generation
+PARTS = 16  # row blocks of a broadcast input's gradient sums: a fixed number, so that the sums
+# are the same on any thread count (as the CPU kernels' column sums)
 
 
-def _kernel_class(run: list, ins: list, outs: list, graph: Graph, shape, dtype) -> type:
-    """An Op class whose forward and backward run the generated kernels of ``run``."""
-    kinds = [_kind(graph, ref, shape) for ref in ins]
-    names = {}  # slot -> scalar variable in the generated code
-    for j, ref in enumerate(ins):
+class _Source:
+    """The generated source of one run. An array of the run's shape is walked as R rows of C
+    (its last axis), ``i = r·C + c``: a (C,) broadcast is read at ``c`` and a (rows, 1) value
+    once per row, so that the inner loop has no integer division and vectorises. A run of
+    whole arrays and numbers only is walked flat, ``i`` over all of it.
+
+    A run with a reduction is a row program, per row: one pass over the row sums the
+    reduction's input, the steps on the row's value follow, then a pass computes the steps
+    after it. Its backward, per row: the same passes again (values are recomputed, never
+    stored), then a pass that sums over the row the gradient reaching each row value from
+    the steps after the reduction, the row steps' rules in reverse, and a last pass through
+    every element step in reverse, where the reduction hands each element its share."""
+
+    def __init__(self, run: Run, ins: list, outs: list, graph: Graph):
+        self.graph, self.ins, self.outs = graph, ins, outs
+        self.C = run.shape[-1] if run.shape else 1
+        self.kinds = [_kind(graph, ref, run.shape) for ref in ins]
+        self.red = next((st for lv, _, st in run.steps if lv == "red"), None)
+        self.flat = self.red is None and all(k[0] in ("full", "scalar") for k in self.kinds)
+        self.names, self.level = {}, {}  # slot -> variable; slot -> "e" (element) / "r" (row)
+        for j, (ref, kd) in enumerate(zip(ins, self.kinds)):
+            if ref[0] == "v":
+                self.names[ref[1]] = f"x{j}"
+                self.level[ref[1]] = "r" if kd[0] == "lead" else "e"
+        for lv, _, st in run.steps:
+            self.names[st.outs[0]] = f"v{st.outs[0]}"
+            self.level[st.outs[0]] = "e" if lv == "e" else "r"
+        self.elems = [st for lv, _, st in run.steps if lv in ("e", "red")]  # in order
+        at = self.elems.index(self.red) if self.red is not None else len(self.elems)
+        self.before = self.elems[:at]
+        self.after = self.elems[at + 1 :]
+        self.row_steps = [st for lv, _, st in run.steps if lv == "r"]
+        self.wanted = [j for j, r in enumerate(ins) if r[0] == "v" and graph.needs_grad[r[1]]]
+
+    def grad_kind(self, j: int) -> str:
+        """Where input j's gradient is written: "full" (per element), "parts" ((P, C) partial
+        sums of a (C,) broadcast), "row" (per row), "rows" (per row, summed by the caller
+        over the rows that share the value) or "tail" (per element, summed by the caller)."""
+        kd = self.kinds[j]
+        if kd[0] == "full" or self.flat:
+            return "full"
+        if kd[0] == "lead":
+            return "row" if kd[1] == self.C else "rows"
+        return "parts" if kd[1] == self.C else "tail"
+
+    def row_loads(self, fwd: bool) -> list:
+        """Per row: the row's views (numba vectorises a loop over a view, not one over
+        ``A[base + c]`` inside ``prange``), the values read once per row, the numbers."""
+        lines = ["base = r * C", "end = base + C"]
+        for j, (ref, kd) in enumerate(zip(self.ins, self.kinds)):
+            if kd[0] == "scalar":
+                lines.append(f"x{j} = F({float(ref[1])!r})")
+            elif kd[0] == "full":
+                lines.append(f"a{j} = A{j}[base:end]")
+            elif kd[0] == "lead":
+                q = kd[1] // self.C
+                lines.append(f"x{j} = A{j}[r]" if q == 1 else f"x{j} = A{j}[r // {q}]")
+            elif kd[0] == "tail" and kd[1] != self.C and kd[1] % self.C == 0:
+                lines.append(f"t{j} = (r % {kd[1] // self.C}) * C")
+                lines.append(f"a{j} = A{j}[t{j}:t{j} + C]")
+        for k, s in enumerate(self.outs):
+            if self.level[s] == "e":
+                lines.append(f"o{k} = O{k}[base:end]" if fwd else f"h{k} = G{k}[base:end]")
+        if not fwd:
+            for j in self.wanted:
+                kind = self.grad_kind(j)
+                if kind in ("full", "tail"):
+                    lines.append(f"gx{j} = GX{j}[base:end]")
+                elif kind == "parts":
+                    lines.append(f"gx{j} = GX{j}[p]")
+        return lines
+
+    def loads(self) -> list:
+        lines = [] if self.flat else ["i = base + c"]
+        for j, kd in enumerate(self.kinds):
+            if kd[0] == "full":
+                lines.append(f"x{j} = A{j}[i]" if self.flat else f"x{j} = a{j}[c]")
+            elif kd[0] == "scalar" and self.flat:
+                lines.append(f"x{j} = F({float(self.ins[j][1])!r})")
+            elif kd[0] == "tail" and (self.flat or kd[1] % self.C):
+                lines.append(f"x{j} = A{j}[i % {kd[1]}]")
+            elif kd[0] == "tail":
+                lines.append(f"x{j} = A{j}[c]" if kd[1] == self.C else f"x{j} = a{j}[c]")
+        return lines
+
+    def arg(self, ref) -> str:
         if ref[0] == "v":
-            names[ref[1]] = f"x{j}"
-    body, consts = [], []
-    for j, (ref, kd) in enumerate(zip(ins, kinds)):
-        if kd[0] == "full":
-            body.append(f"x{j} = A{j}[i]")
-        elif kd[0] == "tail":
-            body.append(f"x{j} = A{j}[i % {kd[1]}]")
-        elif kd[0] == "lead":
-            body.append(f"x{j} = A{j}[i // {kd[1]}]")
-        else:
-            body.append(f"x{j} = F({float(ref[1])!r})")
-            consts.append(j)
+            return self.names[ref[1]]
+        j = next(j for j, r in enumerate(self.ins) if r is ref or (r[0] == "c" and r[1] is ref[1]))
+        return f"x{j}"
 
-    def arg(ref):
-        if ref[0] == "v":
-            return names[ref[1]]
-        return (
-            f"x{next(j for j, r in enumerate(ins) if r is ref or (r[0] == 'c' and r[1] is ref[1]))}"
+    def exprs(self, steps) -> list:
+        """The steps' values (the reduction's is made after its pass, not here)."""
+        lines = []
+        for st in steps:
+            if st is not self.red:
+                fwd = RULES[_rule(st)][0]
+                lines.append(
+                    f"v{st.outs[0]} = " + _subst(fwd, [self.arg(r) for r in st.ins], None, None)
+                )
+        return lines
+
+    def row_sum(self, stores=()) -> list:
+        """The pass that sums the reduction's input over the row, then the row's values."""
+        red, mean = self.red.outs[0], self.red.cls.__name__ == "Mean"
+        body = [*self.loads(), *self.exprs(self.before), f"acc += {self.arg(self.red.ins[0])}"]
+        value = f"acc / F({float(self.C)!r})" if mean else "acc"
+        return ["acc = F(0)", *_loop(body + list(stores)), f"v{red} = {value}"] + self.exprs(
+            self.row_steps
         )
 
-    for st in run:
-        a = [arg(r) for r in st.ins]
-        fwd = RULES[_rule(st)][0]
-        body.append(f"v{st.outs[0]} = " + _subst(fwd, a, None, None))
-        names[st.outs[0]] = f"v{st.outs[0]}"
-    arrays = [f"A{j}" for j, kd in enumerate(kinds) if kd[0] != "scalar"]
-    fwd_src = _function(
-        "forward",
-        arrays + [f"O{k}" for k in range(len(outs))],
-        body + [f"O{k}[i] = v{s}" for k, s in enumerate(outs)],
-    )
-    # backward: recompute, then the rules in reverse
-    grads = [f"g{s} = G{k}[i]" for k, s in enumerate(outs)]
-    declared = set(outs)
-    back = []
-    for st in reversed(run):
-        y = st.outs[0]
-        if y not in declared:
-            continue  # no gradient reaches it
-        rules = RULES[_rule(st)][1]
-        for r, rule in zip(st.ins, rules):
-            if r[0] != "v" or not rule or not graph.needs_grad[r[1]]:
+    def forward(self) -> str:
+        store = {s: f"O{k}" if self.flat else f"o{k}" for k, s in enumerate(self.outs)}
+
+        def stores(steps):
+            at = "[i]" if self.flat else "[c]"
+            return [f"{store[s]}{at} = v{s}" for st in steps if (s := st.outs[0]) in store]
+
+        if self.flat:
+            body = self.loads() + self.exprs(self.elems) + stores(self.elems)
+            return _function("forward", self.params(fwd=True), body, "flat")
+        body = self.row_loads(fwd=True)
+        if self.red is None:
+            body += _loop(self.loads() + self.exprs(self.elems) + stores(self.elems))
+        else:
+            body += self.row_sum(stores(self.before))
+            body += [f"O{k}[r] = v{s}" for k, s in enumerate(self.outs) if self.level[s] == "r"]
+            if self.after:
+                body += _loop(self.loads() + self.exprs(self.elems) + stores(self.after))
+        return _function("forward", self.params(fwd=True), body, "rows")
+
+    def params(self, fwd: bool) -> list:
+        arrays = [f"A{j}" for j, kd in enumerate(self.kinds) if kd[0] != "scalar"]
+        if fwd:
+            return arrays + [f"O{k}" for k in range(len(self.outs))]
+        return arrays + [f"G{k}" for k in range(len(self.outs))] + [f"GX{j}" for j in self.wanted]
+
+    def back(self, steps, declared: set, into: str, sums: set) -> list:
+        """The rules of ``steps`` in reverse. A gradient reaching a row value from an element
+        step adds up over the row in ``{into}{slot}`` when the slot is in ``sums``; else
+        another pass takes it. In a row step (into ""), it reaches the row value itself."""
+        lines = []
+        for st in reversed(steps):
+            if st is self.red:  # each element of the row gets its share of the row's gradient
+                src = st.ins[0]
+                if "gr" in declared and src[0] == "v" and self.graph.needs_grad[src[1]]:
+                    s = src[1]
+                    lines.append(f"g{s} = g{s} + gr" if s in declared else f"g{s} = gr")
+                    declared.add(s)
                 continue
-            term = _subst(rule, [arg(x) for x in st.ins], names[y], f"g{y}")
-            src = r[1]
-            back.append(f"g{src} = g{src} + {term}" if src in declared else f"g{src} = {term}")
-            declared.add(src)
-    wanted = [j for j, ref in enumerate(ins) if ref[0] == "v" and graph.needs_grad[ref[1]]]
-    stores = [
-        f"GX{j}[i] = g{ins[j][1]}" if ins[j][1] in declared else f"GX{j}[i] = 0.0" for j in wanted
-    ]
-    bwd_src = _function(
-        "backward",
-        arrays + [f"G{k}" for k in range(len(outs))] + [f"GX{j}" for j in wanted],
-        body + grads + back + stores,
-    )
+            y = st.outs[0]
+            if y not in declared:
+                continue  # no gradient reaches it
+            for r, rule in zip(st.ins, RULES[_rule(st)][1]):
+                if r[0] != "v" or not rule or not self.graph.needs_grad[r[1]]:
+                    continue
+                term = _subst(rule, [self.arg(x) for x in st.ins], self.names[y], f"g{y}")
+                s = r[1]
+                if into and self.level[s] == "r":
+                    if s in sums:
+                        lines.append(f"{into}{s} += {term}")
+                    continue
+                lines.append(f"g{s} = g{s} + {term}" if s in declared else f"g{s} = {term}")
+                declared.add(s)
+        return lines
+
+    def backward(self) -> str:
+        G = {s: f"G{k}" for k, s in enumerate(self.outs)}
+        e_outs = [s for s in self.outs if self.level[s] == "e"]
+        kinds = {j: self.grad_kind(j) for j in self.wanted}
+        slot = {j: self.ins[j][1] for j in self.wanted}
+
+        def stores(declared):
+            lines = []
+            for j in self.wanted:
+                s, k = slot[j], kinds[j]
+                if k in ("full", "tail"):
+                    to = f"GX{j}[i]" if self.flat else f"gx{j}[c]"
+                    lines.append(f"{to} = g{s}" if s in declared else f"{to} = F(0)")
+                elif k == "parts" and s in declared:
+                    lines.append(f"gx{j}[c] += g{s}")
+            return lines
+
+        def grads_in(slots):
+            if self.flat:
+                return [f"g{s} = {G[s]}[i]" for s in slots]
+            return [f"g{s} = h{self.outs.index(s)}[c]" for s in slots]
+
+        if self.flat:
+            declared = set(e_outs)
+            body = self.loads() + self.exprs(self.elems) + grads_in(e_outs)
+            body += self.back(self.elems, declared, "", set()) + stores(declared)
+            return _function("backward", self.params(fwd=False), body, "flat")
+        body, rowdecl = self.row_loads(fwd=False), set()
+        if self.red is not None:
+            body += self.row_sum()
+            r_outs = [s for s in self.outs if self.level[s] == "r"]
+            body += [f"g{s} = {G[s]}[r]" for s in r_outs]
+            rowdecl |= set(r_outs)
+            # the row values' gradients from the element steps after the reduction
+            made = {st.outs[0] for st in self.after}
+            row_values = {st.outs[0] for st in [self.red, *self.row_steps]}
+            sums = sorted({r[1] for st in self.after for r in st.ins if r[0] == "v"} & row_values)
+            if sums and self.after:
+                declared = {s for s in e_outs if s in made}
+                lines = self.loads() + self.exprs(self.elems) + grads_in(sorted(declared))
+                lines += self.back(self.after, declared, "a", set(sums))
+                body += [f"a{s} = F(0)" for s in sums] + _loop(lines)
+                for s in sums:
+                    body.append(f"g{s} = g{s} + a{s}" if s in rowdecl else f"g{s} = a{s}")
+                    rowdecl.add(s)
+            body += self.back(self.row_steps, rowdecl, "", set())
+            red = self.red.outs[0]
+            if red in rowdecl:
+                mean = self.red.cls.__name__ == "Mean"
+                body.append(f"gr = g{red} / F({float(self.C)!r})" if mean else f"gr = g{red}")
+        # every element step in reverse; the inputs read once per row sum their gradient
+        leads = [j for j in self.wanted if kinds[j] in ("row", "rows")]
+        body += [f"b{slot[j]} = F(0)" for j in leads]
+        declared = set(e_outs) | (
+            {"gr"} if self.red is not None and self.red.outs[0] in rowdecl else set()
+        )
+        lines = self.loads() + self.exprs(self.elems) + grads_in(e_outs)
+        lines += self.back(self.elems, declared, "b", {slot[j] for j in leads}) + stores(declared)
+        body += _loop(lines)
+        for j in leads:
+            s = slot[j]
+            body.append(f"GX{j}[r] = g{s} + b{s}" if s in rowdecl else f"GX{j}[r] = b{s}")
+        return _function("backward", self.params(fwd=False), body, "parts")
+
+
+def _loop(body: list) -> list:
+    return ["for c in range(C):"] + ["    " + line for line in body]
+
+
+def _kernel_class(run: Run, ins: list, outs: list, graph: Graph) -> type:
+    """An Op class whose forward and backward run the generated kernels of ``run``."""
+    src = _Source(run, ins, outs, graph)
+    shape, dtype = run.shape, run.dtype
     n = int(np.prod(shape, dtype=np.int64))
-    fwd_fn, bwd_fn = _compile(fwd_src, n, dtype), _compile(bwd_src, n, dtype)
-    label = "+".join(st.cls.__name__.lower() for st in run)
+    R = n // src.C if src.C else 0
+    kinds = [src.grad_kind(j) for j in src.wanted]
+    sums = src.red is not None or any(k in ("row", "rows") for k in kinds)
+    fwd_src, bwd_src = src.forward(), src.backward()
+    # a sum over a row is a chain of adds: reassociating it (as NumPy's pairwise sums do)
+    # lets it vectorise
+    fwd_fn = _compile(fwd_src, n, dtype, src.red is not None)
+    bwd_fn = _compile(bwd_src, n, dtype, sums)
+    label = "+".join(st.cls.__name__.lower() for _, _, st in run.steps)
     return type(
         f"Fused[{label}]",
         (FusedElementwise,),
         {
-            "kinds": kinds,
+            "kinds": src.kinds,
             "shape": tuple(shape),
-            "n_outs": len(outs),
-            "wanted": wanted,
+            "rows_shape": (R, src.C, min(R, PARTS)),
+            "out_rows": [src.level[s] == "r" for s in outs],
+            "wanted": src.wanted,
+            "grad_kinds": kinds,
             "kernel_forward": staticmethod(fwd_fn),
             "kernel_backward": staticmethod(bwd_fn),
             "source": fwd_src + "\n" + bwd_src,
@@ -280,12 +544,19 @@ def _subst(expr: str, args: list, y, g) -> str:
     return "(" + re.sub(r"\b([abyg])\b", lambda m: names[m.group(1)], expr) + ")"
 
 
-def _function(name: str, params: list, body: list) -> str:
-    lines = [f"def {name}(N, {', '.join(params)}):", "    for i in prange(N):"]
-    return "\n".join(lines + ["        " + line for line in body])
+def _function(name: str, params: list, body: list, loop: str) -> str:
+    """forward(R, C, ...) / backward(R, C, P, ...): a flat loop over R·C elements, a loop over
+    R rows, or over P blocks of rows (the backward's partial sums of a broadcast input)."""
+    head = f"def {name}(R, C, {'P, ' if name == 'backward' else ''}{', '.join(params)}):"
+    if loop == "flat":
+        return "\n".join([head, "    for i in prange(R * C):"] + ["        " + x for x in body])
+    if loop == "rows":
+        return "\n".join([head, "    for r in prange(R):"] + ["        " + x for x in body])
+    rows = "        for r in range(p * R // P, (p + 1) * R // P):"
+    return "\n".join([head, "    for p in prange(P):", rows] + ["            " + x for x in body])
 
 
-def _compile(src: str, n: int, dtype):
+def _compile(src: str, n: int, dtype, reassoc: bool):
     import numba
 
     from ..kernels.numba_math import exp32, jit
@@ -296,7 +567,8 @@ def _compile(src: str, n: int, dtype):
     exec(src, scope)  # noqa: S102  (the source is generated above from RULES, not user input)
     fn = next(v for k, v in scope.items() if k in ("forward", "backward"))
     # NumPy's error model, as the CPU kernels: IEEE division, and loops that vectorise
-    return jit(cache=False, parallel=n >= PARALLEL_FROM, fastmath={"contract"})(fn)
+    flags = {"contract", "reassoc"} if reassoc else {"contract"}
+    return jit(cache=False, parallel=n >= PARALLEL_FROM, fastmath=flags)(fn)
 
 
 class FusedElementwise(Op):
@@ -305,34 +577,45 @@ class FusedElementwise(Op):
     multi_output = True
     kinds: list = []
     shape: tuple = ()
-    n_outs = 1
+    rows_shape: tuple = (0, 1, 0)  # R rows of C, P blocks of rows
+    out_rows: list = []  # per output: whether it holds one value per row
     wanted: list = []
+    grad_kinds: list = []
 
     def forward(self, *inputs):
         self.inputs = inputs  # the backward recomputes the run's values from them
         arrays = [_flat(a) for a, k in zip(inputs, self.kinds) if k[0] != "scalar"]
         dtype = next(a.dtype for a in arrays)
-        n = int(np.prod(self.shape, dtype=np.int64))
-        outs = [np.empty(n, dtype) for _ in range(self.n_outs)]
-        with _threads(n):
-            self.kernel_forward(n, *arrays, *outs)
-        return tuple(o.reshape(self.shape) for o in outs)
+        R, C, _ = self.rows_shape
+        outs = [np.empty(R if row else R * C, dtype) for row in self.out_rows]
+        with _threads(R * C):
+            self.kernel_forward(R, C, *arrays, *outs)
+        return tuple(
+            o.reshape((*self.shape[:-1], 1) if row else self.shape)
+            for o, row in zip(outs, self.out_rows)
+        )
 
     def backward(self, *gys):
         inputs = self.inputs
         arrays = [_flat(a) for a, k in zip(inputs, self.kinds) if k[0] != "scalar"]
-        n = int(np.prod(self.shape, dtype=np.int64))
+        R, C, P = self.rows_shape
         dtype = gys[0].dtype
         gs = [_flat(g) for g in gys]
-        gx = [np.empty(n, dtype) for _ in self.wanted]
-        with _threads(n):
-            self.kernel_backward(n, *arrays, *gs, *gx)
+        sizes = {"full": R * C, "tail": R * C, "row": R, "rows": R}
+        gx = [
+            np.zeros((P, C), dtype) if k == "parts" else np.empty(sizes[k], dtype)
+            for k in self.grad_kinds
+        ]
+        with _threads(R * C):
+            self.kernel_backward(R, C, P, *arrays, *gs, *gx)
         out = [None] * len(inputs)
-        for j, g in zip(self.wanted, gx):
-            if self.kinds[j][0] == "tail":
+        for j, k, g in zip(self.wanted, self.grad_kinds, gx):
+            if k == "parts":
+                g = g.sum(0)
+            elif k == "tail":
                 g = g.reshape(-1, self.kinds[j][1]).sum(0)
-            elif self.kinds[j][0] == "lead":
-                g = g.reshape(-1, self.kinds[j][1]).sum(1)
+            elif k == "rows":
+                g = g.reshape(-1, self.kinds[j][1] // C).sum(1)
             out[j] = g.reshape(np.shape(inputs[j]))
         return tuple(out)
 
