@@ -656,3 +656,26 @@ def test_an_output_no_gradient_reaches_costs_no_zeros_of_its_shape():
     np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy(), rtol=1e-5)
     (gx,) = tg.autograd.grad(f(x, w)[1], [w], create_graph=True)  # the recorded path too
     np.testing.assert_allclose(gx.detach().numpy(), w2.grad.numpy(), rtol=1e-5)
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+def test_a_row_step_with_an_array_constant_ends_the_row_program():
+    """A row program's steps on the (rows, 1) value read row values and numbers only: a (1,)
+    array constant there is read per element, so that step starts a new run instead."""
+    pytest.importorskip("numba")
+    c = np.array([2.0], np.float32)
+
+    def fn(x):
+        return (x.pow(2).mean(-1, keepdim=True) * tg.as_tensor(c) + 1.0).sqrt() * x
+
+    f = tg.compile(fn)
+    for _ in range(3):
+        x = tg.randn(4, 8, requires_grad=True)
+        y = f(x)
+        (g,) = tg.autograd.grad(y.sum(), [x])
+    x2 = x.detach().requires_grad_()
+    y2 = fn(x2)
+    (g2,) = tg.autograd.grad(y2.sum(), [x2])
+    np.testing.assert_allclose(y.detach().numpy(), y2.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(g.numpy(), g2.numpy(), rtol=1e-5, atol=1e-6)
+    assert fused_names(f)[0] == "Fused[pow+mean]", fused_names(f)

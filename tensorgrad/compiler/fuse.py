@@ -220,7 +220,12 @@ class Run:
         return (
             bool(self.rows)
             and (shape, dtype) == (_row_shape(self.shape), self.dtype)
-            and all(r[0] == "c" or tuple(graph.meta[r[1]][0]) == shape for r in st.ins)
+            and all(
+                _kind(graph, r, shape) == ("scalar",)
+                if r[0] == "c"
+                else tuple(graph.meta[r[1]][0]) == shape
+                for r in st.ins
+            )
         )
 
     def add(self, graph: Graph, k: int, st: Step) -> None:
