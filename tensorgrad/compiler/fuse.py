@@ -157,13 +157,15 @@ def fuse_runs(graph: Graph, steps: list) -> list:
     used_after = _last_reads(graph, steps)
     out, run = [], Run()
     for k, st in enumerate(steps):
-        if run.steps and not run.takes(graph, st):
+        level = run.level(graph, st)
+        if level is None and run.steps:  # the run ends here; st may start the next one
             out += _close(graph, run, used_after)
             run = Run()
-        if run.takes(graph, st):
-            run.add(graph, k, st)
-        else:
+            level = run.level(graph, st)
+        if level is None:
             out.append(st)
+        else:
+            run.add(graph, k, st, level)
     return out + _close(graph, run, used_after)
 
 
@@ -205,19 +207,23 @@ class Run:
         self.shape = self.dtype = None
         self.rows: set = set()  # slots of the run's row values
 
-    def takes(self, graph: Graph, st: Step) -> bool:
+    def level(self, graph: Graph, st: Step) -> str | None:
+        """Where st would join the run: "red" (its reduction), "e" (a step on the elements),
+        "r" (a step on the rows, after the reduction, reading row values and numbers only),
+        or None (it cannot)."""
         if _reduces_rows(graph, st):
             shape, dtype = graph.meta[st.ins[0][1]]
-            if any(level == "red" for level, _, _ in self.steps):
-                return False
-            return self.shape is None or (tuple(shape), dtype) == (self.shape, self.dtype)
+            if self.rows or (
+                self.shape is not None and (tuple(shape), dtype) != (self.shape, self.dtype)
+            ):
+                return None
+            return "red"
         if not _fusable(graph, st):
-            return False
+            return None
         shape, dtype = tuple(st.meta[0][0]), st.meta[0][1]
         if self.shape is None or (shape, dtype) == (self.shape, self.dtype):
-            return True
-        # a step on the rows: after the reduction, reading only row values and numbers
-        return (
+            return "e"
+        on_rows = (
             bool(self.rows)
             and (shape, dtype) == (_row_shape(self.shape), self.dtype)
             and all(
@@ -227,20 +233,14 @@ class Run:
                 for r in st.ins
             )
         )
+        return "r" if on_rows else None
 
-    def add(self, graph: Graph, k: int, st: Step) -> None:
-        if _reduces_rows(graph, st):
-            shape, dtype = graph.meta[st.ins[0][1]]
-            self.shape, self.dtype = tuple(shape), dtype
-            self.steps.append(("red", k, st))
-            self.rows.add(st.outs[0])
-            return
-        shape = tuple(st.meta[0][0])
-        if self.shape is None:
-            self.shape, self.dtype = shape, st.meta[0][1]
-        row = bool(self.rows) and shape == _row_shape(self.shape) != self.shape
-        self.steps.append(("r" if row else "e", k, st))
-        if row:
+    def add(self, graph: Graph, k: int, st: Step, level: str) -> None:
+        if self.shape is None:  # the run's elements: a reduction's input, else st's output
+            shape, self.dtype = graph.meta[st.ins[0][1]] if level == "red" else st.meta[0]
+            self.shape = tuple(shape)
+        self.steps.append((level, k, st))
+        if level != "e":
             self.rows.add(st.outs[0])
 
 
