@@ -459,6 +459,11 @@ def test_registered_names():
     names = {k.name for k in kernels.registered()}
     for n in ("softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu", "flash_attention"):
         assert f"cpu.numba.{n}" in names
+    # AdamW picks the one-pass numba update first (a contiguous gradient), else the chunked one
+    x = np.zeros(10, np.float32)
+    assert kernels.pick("adamw", "cpu", x, x, x, x) is K.numba_adamw_update
+    g = np.zeros(20, np.float32)[::2]
+    assert kernels.pick("adamw", "cpu", x, g, x, x).__name__ == "chunked_adamw_update"
 
 
 def pick_impl(op, *args, **kw):

@@ -581,10 +581,12 @@ def _adamw_when(x, g, m, v, **kw):
     )
 
 
-# Not registered: measured on the 2-core machine of benchmarks/ (one numba thread), the
-# chunked NumPy update (cpu_chunked.py) is faster: 26.5 vs 40.1 ms for 10M parameters,
-# 354 vs 570 ms for gpt2-124M's 124M. Kept (and tested) for machines where it wins:
-# register it with tensorgrad.kernels.register("adamw", "cpu", ..., when=_adamw_when).
+# Registered since its loop vectorises (numba_math.jit's error model) and the pool runs
+# two threads from PARALLEL_MIN elements: against the chunked NumPy update, family 25
+# model 17 (Zen 4), 2 cores, 2.3k / 100k / 2M / 10M parameters: 9 / 50 / 544 / 4,491 µs
+# against 13 / 149 / 3,645 / 19,523 (benchmarks/kernels_ab.py times both). Before that the
+# chunked update was the faster (26.5 vs 40.1 ms for 10M on one numba thread).
+@register("adamw", "cpu", name="cpu.numba.adamw", when=_adamw_when)
 def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
     t = x.dtype.type
