@@ -19,8 +19,10 @@ from tensorgrad import kernels
 from tensorgrad.kernels.cpu_gpt2_block import GPT2_BLOCK_PARAMS
 
 BLOCK = [k for k in kernels.registered("gpt2_block", "cpu")]
-# (B, T, C, n_head): tiny, odd sizes, three heads, T over one query strip (several strips)
-SHAPES = [(2, 5, 8, 2), (3, 17, 32, 4), (1, 70, 48, 3), (2, 300, 16, 1)]
+# (B, T, C, n_head): tiny, odd sizes, three heads, T over one query strip (several strips);
+# T <= SHORT_T (8) runs the attention head by head: one position, gpt-nano's heads of 16
+SHAPES = [(2, 5, 8, 2), (3, 1, 8, 2), (4, 8, 48, 3), (3, 17, 32, 4), (1, 70, 48, 3)]
+SHAPES += [(2, 300, 16, 1)]
 
 
 def block_arrays(B, T, C, dtype=np.float32, seed=0):

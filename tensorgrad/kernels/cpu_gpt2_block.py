@@ -16,7 +16,8 @@ NumPy inputs with every parameter present. Per block:
               the numba pass that already reads its rows, residual gradients added there too.
 
 The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
-probabilities recomputed in backward from the logsumexp), on (B, nh, T, hs) views of the
+probabilities recomputed in backward from the logsumexp; up to SHORT_T positions, one numba
+loop per head instead, whose strips would be GEMMs of a few rows), on (B, nh, T, hs) views of the
 (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
 with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
 the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
@@ -47,9 +48,17 @@ from .cpu_numba_block import (
     ln_fwd,
     residual_bias_add,
     residual_ln_fwd,
+    short_attention_bwd,
+    short_attention_fwd,
 )
 
 F32 = np.float32
+# Sequences up to SHORT_T run their attention head by head in numba (cpu_numba_block), longer
+# ones in query strips of batched GEMMs. One numba thread (as the block runs below
+# PARALLEL_MIN elements), family 25 model 17 (Zen 4), forward + backward per layer, µs: T = 6
+# (gpt-nano, 192 heads of 16): 186 against 287; T = 8: 220 / 268; T = 12: 275 / 263; T = 16
+# (128 heads of 16): 594 / 467.
+SHORT_T = 8
 PARTS = 16  # row blocks of the column sums (fixed: the same sums on any thread count)
 # the inputs after x, in order: the block's parameters under gpt.model.Block's names
 GPT2_BLOCK_PARAMS = (
@@ -85,6 +94,9 @@ def attention_fwd(qkv, y, lse, shape, scale):
     """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C);
     lse (B·nh, T) the logsumexp per query."""
     B, T, nh, hs = shape
+    if T <= SHORT_T:
+        short_attention_fwd(qkv, y, lse, T, nh, hs, scale)
+        return
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     (o,) = _heads(y, B, T, nh, hs, 1)
     BH = B * nh
@@ -97,6 +109,9 @@ def attention_fwd(qkv, y, lse, shape, scale):
 def attention_bwd(qkv, y, dy, lse, shape, scale, dqkv):
     """dqkv (B·T, 3C, zeros on entry) <- the gradients of q, k, v given dy (B·T, C)."""
     B, T, nh, hs = shape
+    if T <= SHORT_T:
+        short_attention_bwd(qkv, y, dy, lse, T, nh, hs, scale, dqkv)
+        return
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     gq, gk, gv = _heads(dqkv, B, T, nh, hs, 3)
     (o,) = _heads(y, B, T, nh, hs, 1)

@@ -15,7 +15,7 @@ import numpy as np
 from numba import prange
 
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI
-from .cpu_numba import EXP_FM, FM, rsum
+from .cpu_numba import EXP_FM, FM, rdot, rsum
 from .numba_math import exp32, jit
 
 F32 = np.float32
@@ -124,3 +124,101 @@ def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
                 dx[i, j] = resid[i, j] + (gi[j] * w[j] - a - xh * k) * r
                 gwp[j] += gi[j] * xh
                 gbp[j] += gi[j]
+
+
+# ----------------------------------------------------------------------------- short attention
+# Causal attention head by head, for sequences too short for the query strips' GEMMs
+# (cpu_gpt2_block.SHORT_T): there NumPy's batched matmul makes one BLAS call per (batch,
+# head) matrix of a few rows, and its call costs more than the matrix. Each head's q, k, v
+# are row slices of the (N, 3C) projection (k at column C + h·hs, v at 2C + h·hs), so every
+# inner loop runs over hs contiguous floats and vectorises (a 2-D view per head would not:
+# numba types it 'A' and leaves its loops scalar).
+
+
+@jit(fastmath=FM)
+def _head_scores(qkv, r, qo, r0, ko, hs, n, s, scale):
+    """s[j] = q_r · k_(r0 + j) · scale for j < n (q at column qo, k at ko)."""
+    qi = qkv[r, qo : qo + hs]
+    for j in range(n):
+        kj = qkv[r0 + j, ko : ko + hs]
+        acc = F32(0)
+        for d in range(hs):
+            acc += qi[d] * kj[d]
+        s[j] = acc * scale
+
+
+@jit(fastmath=EXP_FM)
+def _head_softmax(s, n):
+    """s[:n] <- e^(s - max) in place; returns (max, Σ e^(s - max))."""
+    m = s[0]
+    for j in range(1, n):
+        m = max(m, s[j])
+    tot = F32(0)
+    for j in range(n):
+        e = exp32(s[j] - m)
+        s[j] = e
+        tot += e
+    return m, tot
+
+
+@jit(parallel=True, fastmath=FM)
+def short_attention_fwd(qkv, y, lse, T, nh, hs, scale):
+    """y (N, C) = causal softmax(q·kᵀ·scale)·v per head of qkv (N, 3C); lse (B·nh, T)."""
+    C = nh * hs
+    for bh in prange(lse.shape[0]):
+        h, r0 = bh % nh, (bh // nh) * T
+        qo, ko, vo = h * hs, C + h * hs, 2 * C + h * hs
+        s, acc = np.empty(T, F32), np.empty(hs, F32)
+        for i in range(T):
+            n = i + 1
+            _head_scores(qkv, r0 + i, qo, r0, ko, hs, n, s, scale)
+            m, tot = _head_softmax(s, n)
+            for d in range(hs):
+                acc[d] = 0
+            for j in range(n):
+                pj, vj = s[j], qkv[r0 + j, vo : vo + hs]
+                for d in range(hs):
+                    acc[d] += pj * vj[d]
+            inv, yi = F32(1) / tot, y[r0 + i, qo : qo + hs]
+            for d in range(hs):
+                yi[d] = acc[d] * inv
+            lse[bh, i] = m + F32(np.log(tot))
+
+
+@jit(fastmath=EXP_FM)  # exp32 inside: no reassoc here (the dot is rdot's)
+def _head_bwd_row(qkv, g, dqkv, r, r0, qo, ko, vo, hs, n, s, dq, D, L, scale):
+    """One query's share: gv_j += p_j·g, gk_j += ds_j·q, dq = Σ ds_j·k_j over keys j < n,
+    p_j = e^(s_j - L) and ds_j = p_j·(g·v_j - D)·scale."""
+    qi, gi = qkv[r, qo : qo + hs], g[r, qo : qo + hs]
+    for d in range(hs):
+        dq[d] = 0
+    for j in range(n):
+        p = exp32(s[j] - L)
+        vj, kj = qkv[r0 + j, vo : vo + hs], qkv[r0 + j, ko : ko + hs]
+        gkj, gvj = dqkv[r0 + j, ko : ko + hs], dqkv[r0 + j, vo : vo + hs]
+        ds = p * (rdot(gi, vj) - D) * scale
+        for d in range(hs):
+            gvj[d] += p * gi[d]
+            dq[d] += ds * kj[d]
+            gkj[d] += ds * qi[d]
+
+
+@jit(parallel=True, fastmath=FM)
+def short_attention_bwd(qkv, y, g, lse, T, nh, hs, scale, dqkv):
+    """dqkv (N, 3C, zeros on entry) <- the gradients of q, k, v given g = ∂y (N, C)."""
+    C = nh * hs
+    for bh in prange(lse.shape[0]):
+        h, r0 = bh % nh, (bh // nh) * T
+        qo, ko, vo = h * hs, C + h * hs, 2 * C + h * hs
+        s, dq = np.empty(T, F32), np.empty(hs, F32)
+        for i in range(T):
+            r = r0 + i
+            gi, oi = g[r, qo : qo + hs], y[r, qo : qo + hs]
+            D = F32(0)  # rowsum(g·o)
+            for d in range(hs):
+                D += gi[d] * oi[d]
+            _head_scores(qkv, r, qo, r0, ko, hs, i + 1, s, scale)
+            _head_bwd_row(qkv, g, dqkv, r, r0, qo, ko, vo, hs, i + 1, s, dq, D, lse[bh, i], scale)
+            gq = dqkv[r, qo : qo + hs]
+            for d in range(hs):
+                gq[d] = dq[d]
