@@ -452,6 +452,21 @@ def test_adamw(dtype, tol, wd):
             assert_close(y, x, tol, tol, what=f"adamw {name} step {step}")
 
 
+def test_adamw_with_and_without_the_pool_agree_bit_for_bit():
+    # parameters below PARALLEL_MIN elements take the serial loop, larger ones the pool's:
+    # the same update either way (a model's parameters may sit on both sides)
+    g = np.random.default_rng(1)
+    a = [g.standard_normal(K.PARALLEL_MIN + 77).astype(np.float32) for _ in range(3)]
+    a.append(g.random(a[0].size).astype(np.float32))
+    b = [x.copy() for x in a]
+    f32 = np.float32
+    hp = (f32(0.999), f32(0.9), f32(0.1), f32(0.95), f32(0.05), f32(0.3), f32(1e-8), f32(1e-3))
+    K._adamw(*a, *hp)
+    K._adamw_serial(*b, *hp)
+    for name, x, y in zip("xgmv", a, b):
+        np.testing.assert_array_equal(y, x, err_msg=f"adamw {name}")
+
+
 # ----------------------------------------------------------------------------- registry
 
 
