@@ -329,6 +329,24 @@ def test_a_compiled_gpt_trains_as_the_eager_one(dropout):
     assert compiled_forward(compiled).summary()["compiled"] == 1
 
 
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+def test_a_gpt_with_its_attention_written_out_compiles_it_to_one_attention_op():
+    compiled, eager = gpt_pair()
+    for m in (compiled, eager):
+        m.set_fused_attention(False)
+    tg.compile(compiled)
+    tg.manual_seed(1)
+    got = adamw_steps(compiled)
+    tg.manual_seed(1)
+    want = adamw_steps(eager)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for name in want[1]:
+        w = want[1][name]
+        assert np.abs(got[1][name] - w).max() <= 1e-3 * np.abs(w).max(), name
+    s = compiled_forward(compiled).summary()
+    assert s["patterns"][-1] == {"causal attentions as one attention op": 2}, s["patterns"]
+
+
 # (class-level edits of the GPT, compiled and eager: tests/test_model_edits.py)
 
 
@@ -679,3 +697,71 @@ def test_a_row_step_with_an_array_constant_ends_the_row_program():
     np.testing.assert_allclose(y.detach().numpy(), y2.detach().numpy(), rtol=1e-6)
     np.testing.assert_allclose(g.numpy(), g2.numpy(), rtol=1e-5, atol=1e-6)
     assert fused_names(f)[0] == "Fused[pow+mean]", fused_names(f)
+
+
+# ---------------------------------------------------------------------- composite: attention
+
+
+def written_attention(allowed, scale):
+    """Causal attention as a learner writes it out (gpt.model's set_fused_attention(False))."""
+
+    def f(q, k, v):
+        att = (q @ k.transpose(-2, -1)) * scale
+        att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))
+        return F.softmax(att, dim=-1) @ v
+
+    return f
+
+
+def attention_run(f, arrays, w):
+    ts = [tg.tensor(a.copy(), dtype=a.dtype, requires_grad=True) for a in arrays]
+    out = f(*ts)
+    (out * tg.tensor(w)).sum().backward()
+    return [out.detach().numpy()] + [t.grad.numpy() for t in ts]
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.parametrize(
+    "dtype, L, hs, kernel",
+    [(np.float64, 7, 4, "InplaceAttention"), (np.float32, 24, 8, "NumbaFlashAttention")],
+)
+def test_attention_written_out_runs_as_one_attention_op(dtype, L, hs, kernel):
+    g = np.random.default_rng(0)
+    arrays = [g.standard_normal((2, 3, L, hs)).astype(dtype) for _ in range(3)]
+    w = g.standard_normal((2, 3, L, hs)).astype(dtype)
+    allowed = np.tril(np.ones((L, L), dtype=bool))
+    f = written_attention(allowed, 0.37)
+    want = attention_run(f, arrays, w)
+    c = tg.compile(f)
+    for _ in range(3):  # two traces, then replays
+        got = attention_run(c, arrays, w)
+    names = fused_names(c)
+    assert kernel in names and "MatMul" not in names and "NumbaSoftmax" not in names, names
+    assert sum(e[0] == "ready" for e in c.entries.values()) == 1
+    assert c.summary()["patterns"] == [{"causal attentions as one attention op": 1}]
+    tol = 1e-10 if dtype == np.float64 else 2e-5
+    for name, a, b in zip(("out", "q", "k", "v"), got, want):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    [
+        np.tril(np.ones((6, 6), dtype=bool), k=-1) | np.eye(6, dtype=bool)[::-1],  # not causal
+        np.tril(np.ones((6, 6), dtype=bool)) & ~np.tril(np.ones((6, 6), dtype=bool), k=-3),
+    ],
+    ids=["other-mask", "sliding-window"],
+)
+def test_attention_written_out_with_another_mask_runs_as_written(allowed):
+    g = np.random.default_rng(1)
+    arrays = [g.standard_normal((1, 2, 6, 4)) for _ in range(3)]
+    w = g.standard_normal((1, 2, 6, 4))
+    f = written_attention(allowed, 0.5)
+    want = attention_run(f, arrays, w)
+    c = tg.compile(f)
+    for _ in range(3):
+        got = attention_run(c, arrays, w)
+    assert "MatMul" in fused_names(c) and c.summary()["patterns"] == [{}]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -96,11 +96,9 @@ class Progress:
             return
         self.compile_said = True
         if s["compiled"]:
-            made = [
-                f"{s['composites'][-1]} GPT-2 blocks as the fused block kernel",
-                f"{s['fused'][-1]} elementwise runs as generated kernels",
-            ]
-            made = [m for m, n in zip(made, (s["composites"][-1], s["fused"][-1])) if n]
+            made = [f"{n} {what}" for what, n in s["patterns"][-1].items()]
+            if s["fused"][-1]:
+                made.append(f"{s['fused'][-1]} elementwise runs as generated kernels")
             self.write(
                 f"compiled: the model's forward, {s['ops'][-1]} traced ops, replays as "
                 f"{s['steps'][-1]} steps"

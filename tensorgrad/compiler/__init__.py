@@ -176,10 +176,20 @@ class CompiledForward:
             "kernels": [sum(s.impl is not s.cls for s in g.steps) for g in ready],
             "fused": [sum(issubclass(s.impl, FusedElementwise) for s in g.plan) for g in ready],
             "composites": [g.composites for g in ready],
+            "patterns": [_patterns(g) for g in ready],
             "steps": [len(g.plan) for g in ready],
             "eager": eager,
             "trace_s": self.trace_s,
         }
+
+
+def _patterns(g: Graph) -> dict:
+    """{what a composite stands for: how many} in the plan ("GPT-2 blocks as ...": 4)."""
+    out: dict = {}
+    for s in g.plan:
+        if s.pattern:
+            out[s.pattern] = out.get(s.pattern, 0) + 1
+    return out
 
 
 def _composites(g: Graph) -> int:

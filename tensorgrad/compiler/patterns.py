@@ -7,13 +7,22 @@ binds to a constant (the same name must find an equal constant), and any other v
 equal the traced constant. A window of consecutive steps that matches, whose inner values no
 later step reads, becomes one step of the kernel the pattern names.
 
-The one pattern today is the pre-LayerNorm GPT-2 block, as ``gpt/model.py``'s ``Block``
-computes it with the fused attention: it runs as the fused block kernel
-(``kernels/cpu_gpt2_block.py``). An edited block (another activation, another scale, a
-parallel attention and MLP, RMSNorm) traces other ops, does not match, and runs as written:
-the pattern is the graph's, never a module's type.
+Two patterns today:
+- the pre-LayerNorm GPT-2 block, as ``gpt/model.py``'s ``Block`` computes it with the fused
+  attention: it runs as the fused block kernel (``kernels/cpu_gpt2_block.py``). An edited
+  block (another activation, another scale, a parallel attention and MLP, RMSNorm) traces
+  other ops, does not match, and runs as written: the pattern is the graph's, never a
+  module's type;
+- causal attention written out, ``softmax((q @ k.transpose(-2, -1)) * scale`` with the
+  causal mask filled by -inf ``) @ v`` (the model's ``set_fused_attention(False)`` path, and
+  an attention edit written that way): it runs as one attention op with ``is_causal`` and that
+  scale, so the flash kernel (``kernels/cpu_numba_attention.py``) takes it where it applies,
+  and no (T, T) probabilities are kept for the backward. The mask must be a constant equal to
+  ``~causal_mask(L, S)`` with L <= S (no row fully masked, where the written softmax would give
+  NaN and the op zeros), checked when the plan is made; a mask read from a buffer is a graph
+  value, not a constant, and does not match.
 
-Imports: numpy, .trace, ..kernels.
+Imports: numpy, .trace, ..kernels, ..ops.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from ..ops.nn import Attention, causal_mask
 from .trace import Graph, Step, same_value
 
 HEADS = (0, 2, 1, 3)
@@ -51,17 +61,31 @@ GPT2_BLOCK = [
     ("Linear", ["act", "mlp.c_proj.weight", "mlp.c_proj.bias"], {}, ["m"]),
     ("Add", ["x1", "m"], {}, ["out"]),
 ]
+CAUSAL_ATTENTION = [
+    ("Permute", ["k", (0, 1, 3, 2)], {}, ["kt"]),
+    ("MatMul", ["q", "kt"], {}, ["s"]),
+    ("Mul", ["s", "$scale"], {}, ["ss"]),
+    ("MaskedFill", ["ss", "$masked", float("-inf")], {}, ["sm"]),
+    ("Softmax", ["sm"], {"dim": "$dim"}, ["p"]),
+    ("MatMul", ["p", "v"], {}, ["y"]),
+]
 BLOCK_PARAMS = [n for _, ins, _, _ in GPT2_BLOCK for n in ins if isinstance(n, str) and "." in n]
 # (the fused kernel's inputs after x, in the kernel's order: kernels.cpu_gpt2_block)
 
 
-def match_composites(graph: Graph, steps: list, used_after: dict) -> list:
-    """``steps`` with every window that matches GPT2_BLOCK replaced by one kernel step
-    (``used_after``: slot -> index in ``steps`` of the last step that reads it)."""
-    out, k, n = [], 0, len(GPT2_BLOCK)
+def match_composites(graph: Graph, steps: list, last_reads) -> list:
+    """``steps`` with every window that matches a pattern replaced by one kernel step
+    (``last_reads(graph, steps)``: slot -> index in ``steps`` of the last step that reads it,
+    asked again after each pattern)."""
+    steps = _replace(graph, steps, last_reads(graph, steps), GPT2_BLOCK, _gpt2_block_step)
+    return _replace(graph, steps, last_reads(graph, steps), CAUSAL_ATTENTION, _attention_step)
+
+
+def _replace(graph, steps, used_after, pattern, make) -> list:
+    out, k, n = [], 0, len(pattern)
     while k < len(steps):
-        found = _match(GPT2_BLOCK, steps[k : k + n]) if k + n <= len(steps) else None
-        step = found and _gpt2_block_step(graph, steps, k, k + n - 1, found, used_after)
+        found = _match(pattern, steps[k : k + n]) if k + n <= len(steps) else None
+        step = found and make(graph, steps, k, k + n - 1, found, used_after)
         if step is not None:
             out.append(step)
             k += n
@@ -69,6 +93,13 @@ def match_composites(graph: Graph, steps: list, used_after: dict) -> list:
             out.append(steps[k])
             k += 1
     return out
+
+
+def _inner_read_after(env, keep, last, used_after) -> bool:
+    """Whether a value inside the window (not in ``keep``) is read after step ``last``."""
+    inner = {env[n][1] for n in env if not n.startswith("$") and env[n][0] == "v"}
+    inner -= {env[n][1] for n in keep}
+    return any(used_after.get(s, -1) > last for s in inner)
 
 
 def _match(pattern: list, window: list) -> dict | None:
@@ -105,9 +136,8 @@ def _bind(env: dict, want, got) -> bool:
 def _gpt2_block_step(graph, steps, first, last, env, used_after) -> Step | None:
     """The fused block's step for a matched window, or None where the kernel does not apply
     (its predicate says no) or a value inside the window is read after it."""
-    inner = {env[n][1] for n in env if not n.startswith("$") and env[n][0] == "v"}
-    inner -= {env["x"][1], env["out"][1], *(env[p][1] for p in BLOCK_PARAMS)}
-    if any(used_after.get(s, -1) > last for s in inner):
+    keep = ["x", "out", *(p for p in BLOCK_PARAMS if env[p][0] == "v")]
+    if _inner_read_after(env, keep, last, used_after):
         return None
     heads, (B, T, C) = tuple(env["$heads"]), graph.meta[env["x"][1]][0]
     if len(heads) != 4 or heads[:2] != (B, T) or heads[2] * heads[3] != C:
@@ -122,7 +152,40 @@ def _gpt2_block_step(graph, steps, first, last, env, used_after) -> Step | None:
     needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
     out = env["out"][1]
     kwargs = {k: ("c", v) for k, v in kw.items()}
-    return Step(impl, impl, ins, kwargs, [out], needs, [graph.meta[out]])
+    label = "GPT-2 blocks as the fused block kernel"
+    return Step(impl, impl, ins, kwargs, [out], needs, [graph.meta[out]], label)
+
+
+def _attention_step(graph, steps, first, last, env, used_after) -> Step | None:
+    """One attention op (is_causal, the written scale) for a matched window, or None where
+    the window is not causal attention exactly as the op computes it."""
+    if _inner_read_after(env, ["q", "k", "v", "y"], last, used_after):
+        return None
+    scale, masked, dim = env["$scale"], env["$masked"], env["$dim"]
+    (qs, qd), (ks, kd), (vs, vd) = (graph.meta[env[n][1]] for n in ("q", "k", "v"))
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
+        return None
+    if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):
+        return None
+    (L, E), (S, Ek) = qs[2:], ks[2:]
+    if E != Ek or vs[2] != S or not (qd == kd == vd) or L > S:
+        return None
+    want = ~causal_mask(np, L, S)
+    if not (hasattr(masked, "shape") and masked.dtype == bool and masked.size == want.size):
+        return None
+    if masked.shape != want.shape[-masked.ndim :] and masked.shape[-2:] != want.shape:
+        return None
+    if not np.array_equal(np.asarray(masked).reshape(L, S), want):
+        return None
+    ins = [env["q"], env["k"], env["v"], ("c", None)]
+    kw = {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
+    dummies = [_dummy(graph, r) for r in ins[:3]]
+    impl = kernels.pick("attention", "cpu", *dummies, None, **kw) or Attention
+    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
+    y = env["y"][1]
+    kwargs = {k: ("c", v) for k, v in kw.items()}
+    label = "causal attentions as one attention op"
+    return Step(Attention, impl, ins, kwargs, [y], needs, [graph.meta[y]], label)
 
 
 def _dummy(graph: Graph, ref):

@@ -45,6 +45,7 @@ class Step:
     outs: list  # the slots its outputs fill
     needs: tuple  # per input: whether a gradient flows to it (when recording)
     meta: list  # per output: (shape, dtype)
+    pattern: str = ""  # a composite's: what it stands for ("GPT-2 blocks as ..."), else ""
 
 
 class Leaf:
