@@ -127,3 +127,47 @@ def test_malloc_tuned_at_import_unless_switched_off():
     glibc = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION")
     assert on.stdout.strip() == str(bool(glibc)), on.stderr
     assert off.stdout.strip() == "False", off.stderr
+
+
+BLAS_PROBE = """
+import ctypes, sys
+import numpy as np
+import tensorgrad.devices as d
+path = d._numpy_openblas()
+if path is None:
+    print("no-openblas"); sys.exit()
+lib = ctypes.CDLL(path)
+get = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_",
+           "openblas_get_num_threads64_", "openblas_get_num_threads") if hasattr(lib, n))
+a = np.random.default_rng(0).standard_normal((300, 300)).astype(np.float32)
+want = a.astype(np.float64) @ a
+ok = np.allclose(a @ a, want, rtol=1e-4, atol=1e-3)  # the restarted threads compute
+print(d.blas_wait_tuned, lib.openblas_thread_timeout(), get(), ok)
+"""
+
+
+def test_blas_threads_wait_briefly_unless_switched_off():
+    """import tensorgrad makes NumPy's OpenBLAS threads sleep after ~0.1 ms idle (2**18
+    cycles) and keeps their count; TG_BLAS_TUNING=0 or the user's own
+    OPENBLAS_THREAD_TIMEOUT keeps OpenBLAS's setting (fresh interpreters)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TG_BLAS_TUNING",)}
+    env.pop("OPENBLAS_THREAD_TIMEOUT", None)
+    env["OPENBLAS_NUM_THREADS"] = "2"
+
+    def probe(**extra):
+        r = subprocess.run(
+            [sys.executable, "-c", BLAS_PROBE], env={**env, **extra}, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    on = probe()
+    if on == ["no-openblas"]:
+        pytest.skip("NumPy's BLAS is not OpenBLAS")
+    assert on == ["True", "18", "2", "True"], on
+    assert probe(TG_BLAS_TUNING="0")[0] == "False"
+    mine = probe(OPENBLAS_THREAD_TIMEOUT="25")
+    assert mine[:2] == ["False", "25"], mine
