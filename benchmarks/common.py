@@ -217,7 +217,7 @@ def worker_info(torch_too: bool) -> dict:
         import tensorgrad
 
         info["tg_malloc_tuned"] = tensorgrad.devices.malloc_tuned  # at import
-        info["tg_blas_wait_tuned"] = tensorgrad.devices.blas_wait_tuned  # at import
+        info["tg_blas_wait_tuned"] = tensorgrad.kernels.cpu_blas.blas_wait_tuned  # at import
         try:
             from tensorgrad.kernels import chunks as parallel
 

@@ -60,6 +60,7 @@ from .factory import (
     zeros_like,
 )
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
+from .kernels import cpu_blas as _cpu_blas  # noqa: F401  (OpenBLAS's idle wait, set at import)
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
 from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiable backwards use)
 from .ops.dtypes import result_type

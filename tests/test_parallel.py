@@ -132,7 +132,7 @@ def test_malloc_tuned_at_import_unless_switched_off():
 BLAS_PROBE = """
 import ctypes, sys
 import numpy as np
-import tensorgrad.devices as d
+import tensorgrad.kernels.cpu_blas as d
 path = d._numpy_openblas()
 if path is None:
     print("no-openblas"); sys.exit()

@@ -1,0 +1,71 @@
+"""NumPy's OpenBLAS threads: how long they spin idle before they sleep.
+
+``import tensorgrad`` calls ``tune_blas_wait`` once (``TG_BLAS_TUNING=0`` turns it off);
+docs/internals.md and docs/performance.md say why. Not part of the core: a CPU speed setting,
+like the kernels beside it.
+
+Imports: ctypes, numpy, os.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+BLAS_WAIT = 18  # OpenBLAS's thread timeout: its idle threads spin 2**18 cycles (~0.1 ms)
+
+
+def _numpy_openblas() -> str | None:
+    """The path of the OpenBLAS that NumPy loaded (from /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return None
+    here = os.path.dirname(os.path.dirname(np.__file__))  # site-packages: numpy.libs/ there
+    return next((p for p in sorted(paths) if p.startswith(here) and "numpy" in p), None)
+
+
+def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
+    """Make NumPy's OpenBLAS threads sleep after ~0.1 ms idle instead of spinning ~0.1 s.
+
+    OpenBLAS's worker threads spin for 2**28 cycles after each call before they sleep, so
+    between the many small GEMMs of a training step a worker spins for the whole of the
+    step's non-GEMM work. On a 2-vCPU VM (family 25 model 17) a spinning worker slowed the
+    main thread's own work for hundreds of steps at a time: char-small's step at 12x64 read
+    54 ms in those stretches against 37 otherwise, as slow as one thread (36-55 ms per block
+    of 100 steps in one gpt-train run, against 38-41 ms with this). It sets OpenBLAS's
+    ``OPENBLAS_THREAD_TIMEOUT`` to ``level`` (2**level cycles; OpenBLAS accepts 4-30) and
+    restarts its threads, which read it when they start (the fork handler's restart; the
+    thread count is kept). Waking a sleeping thread costs microseconds per call.
+
+    ``import tensorgrad`` calls it once. Skipped when ``OPENBLAS_THREAD_TIMEOUT`` is set
+    (OpenBLAS then read yours), with ``TG_BLAS_TUNING=0``, or where NumPy's BLAS is not an
+    OpenBLAS with these entry points. ``blas_wait_tuned`` here says whether it applied.
+    Returns whether it was applied.
+    """
+    if os.environ.get("TG_BLAS_TUNING", "1") == "0" or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return False
+    path = _numpy_openblas()
+    if path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(path)  # already loaded: the same handle
+        read_env, timeout = lib.openblas_read_env, lib.openblas_thread_timeout
+        restart = lib.blas_thread_shutdown_  # (threads start again at the next call)
+    except (OSError, AttributeError):
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(int(level))
+    try:
+        read_env()
+    finally:
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # (OpenBLAS keeps its copy)
+    if timeout() != int(level):
+        return False
+    restart()
+    return True
+
+
+blas_wait_tuned = tune_blas_wait()  # at import: see tune_blas_wait for the off switch
