@@ -206,6 +206,8 @@ def worker_info(torch_too: bool) -> dict:
                 *BLAS_ENV_VARS,
                 "TG_NUM_THREADS",
                 "TG_MALLOC_TUNING",
+                "TG_BLAS_TUNING",
+                "OPENBLAS_THREAD_TIMEOUT",
                 "MALLOC_MMAP_THRESHOLD_",
                 "MALLOC_TRIM_THRESHOLD_",
             )

@@ -745,6 +745,53 @@ def test_attention_written_out_runs_as_one_attention_op(dtype, L, hs, kernel):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
 
 
+def attention_reading_its_inside(which):
+    """Written-out causal attention whose window is not closed: ``·s`` reads the scores made
+    inside it where ``·v`` stands; ``+ p.sum()`` reads the probabilities after it."""
+    allowed = ~tg.Tensor(np.tril(np.ones((6, 6), dtype=bool)))
+
+    def f(q, k, v):
+        s = q @ k.transpose(-2, -1)
+        p = F.softmax((s * 0.5).masked_fill(allowed, float("-inf")), dim=-1)
+        return p @ s + v if which == "scores-as-v" else p @ v + p.sum()
+
+    return f
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.parametrize("which", ["scores-as-v", "probabilities-read-after"])
+def test_attention_whose_window_reads_its_inside_runs_as_written(which):
+    g = np.random.default_rng(3)
+    arrays = [g.standard_normal((1, 2, 6, 6)) for _ in range(3)]
+    w = g.standard_normal((1, 2, 6, 6))
+    f = attention_reading_its_inside(which)
+    want = attention_run(f, arrays, w)
+    c = tg.compile(f)
+    for _ in range(3):
+        got = attention_run(c, arrays, w)
+    assert "MatMul" in fused_names(c) and c.summary()["patterns"] == [{}]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+def test_attention_written_out_for_fewer_queries_than_keys_matches_the_bottom_right_mask():
+    """L < S (a query block after a KV cache): the mask that matches is ``causal_mask(L, S)``,
+    aligned to the bottom right."""
+    g = np.random.default_rng(4)
+    q, kv = g.standard_normal((1, 2, 3, 4)), [g.standard_normal((1, 2, 7, 4)) for _ in range(2)]
+    w = g.standard_normal((1, 2, 3, 4))
+    f = written_attention(np.tril(np.ones((3, 7), dtype=bool), k=4), 0.5)
+    want = attention_run(f, [q, *kv], w)
+    c = tg.compile(f)
+    for _ in range(3):
+        got = attention_run(c, [q, *kv], w)
+    assert "MatMul" not in fused_names(c), fused_names(c)
+    assert c.summary()["patterns"] == [{"causal attentions as one attention op": 1}]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize(
     "allowed",
     [

@@ -130,25 +130,40 @@ def test_malloc_tuned_at_import_unless_switched_off():
 
 
 BLAS_PROBE = """
-import ctypes, sys
+import ctypes, os, sys, threading, time
 import numpy as np
 import tensorgrad.kernels.cpu_blas as d
 path = d._numpy_openblas()
 if path is None:
     print("no-openblas"); sys.exit()
 lib = ctypes.CDLL(path)
-get = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_",
-           "openblas_get_num_threads64_", "openblas_get_num_threads") if hasattr(lib, n))
 a = np.random.default_rng(0).standard_normal((300, 300)).astype(np.float32)
 want = a.astype(np.float64) @ a
 ok = np.allclose(a @ a, want, rtol=1e-4, atol=1e-3)  # the restarted threads compute
-print(d.blas_wait_tuned, lib.openblas_thread_timeout(), get(), ok)
+
+def workers_cpu():  # seconds of CPU the process's other threads used (/proc, clock ticks)
+    me, total = str(threading.get_native_id()), 0
+    for t in os.listdir("/proc/self/task"):
+        if t != me:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                total += sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13]))
+    return total / os.sysconf("SC_CLK_TCK")
+
+before = workers_cpu()
+for _ in range(8):  # a GEMM, then 50 ms of the main thread's own (idle) time
+    a @ a
+    time.sleep(0.05)
+idle = workers_cpu() - before
+print(d.blas_wait_tuned, lib.openblas_thread_timeout(), d._first(lib, "get_num_threads")(), ok,
+      "OPENBLAS_THREAD_TIMEOUT" in os.environ, idle)
 """
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads' CPU time in /proc")
 def test_blas_threads_wait_briefly_unless_switched_off():
     """import tensorgrad makes NumPy's OpenBLAS threads sleep after ~0.1 ms idle (2**18
-    cycles) and keeps their count; TG_BLAS_TUNING=0 or the user's own
+    cycles) and keeps their count: between GEMMs its worker spends no CPU, where OpenBLAS's
+    own setting spins it ~0.1 s after each call. TG_BLAS_TUNING=0 or the user's own
     OPENBLAS_THREAD_TIMEOUT keeps OpenBLAS's setting (fresh interpreters)."""
     import subprocess
     import sys
@@ -167,7 +182,24 @@ def test_blas_threads_wait_briefly_unless_switched_off():
     on = probe()
     if on == ["no-openblas"]:
         pytest.skip("NumPy's BLAS is not OpenBLAS")
-    assert on == ["True", "18", "2", "True"], on
-    assert probe(TG_BLAS_TUNING="0")[0] == "False"
+    off = probe(TG_BLAS_TUNING="0")
+    assert on[:2] == ["True", "18"] and on[3:5] == ["True", "False"], on
+    assert off[0] == "False" and off[3:5] == ["True", "False"], off
+    assert on[2] == off[2], (on, off)  # the same thread count as OpenBLAS's own start
+    assert float(on[5]) < 0.05, on  # ~0.1 ms of spinning after each of 8 GEMMs
+    assert float(off[5]) > 0.1, off  # up to ~0.1 s after each: the spin this removes
     mine = probe(OPENBLAS_THREAD_TIMEOUT="25")
     assert mine[:2] == ["False", "25"], mine
+    busy = "import threading, time; threading.Thread(target=time.sleep, args=(0.5,)).start()\n"
+    r = subprocess.run(  # another thread could be in a BLAS call: no restart under it
+        [
+            sys.executable,
+            "-c",
+            busy
+            + "import tensorgrad.kernels.cpu_blas as d; print(d.blas_wait_tuned, d.tune_blas_wait())",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.split() == ["False", "True"], r.stderr  # (a notebook calls it itself)

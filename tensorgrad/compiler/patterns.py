@@ -5,7 +5,8 @@ its inputs and keyword arguments, and the names of its outputs. In a line, a pla
 to the traced value found there (the same name must find the same value again), ``"$name"``
 binds to a constant (the same name must find an equal constant), and any other value must
 equal the traced constant. A window of consecutive steps that matches, whose inner values no
-later step reads, becomes one step of the kernel the pattern names.
+later step reads and whose inputs are not made inside it, becomes one step of the kernel the
+pattern names.
 
 Two patterns today:
 - the pre-LayerNorm GPT-2 block, as ``gpt/model.py``'s ``Block`` computes it with the fused
@@ -95,10 +96,14 @@ def _replace(graph, steps, used_after, pattern, make) -> list:
     return out
 
 
-def _inner_read_after(env, keep, last, used_after) -> bool:
-    """Whether a value inside the window (not in ``keep``) is read after step ``last``."""
-    inner = {env[n][1] for n in env if not n.startswith("$") and env[n][0] == "v"}
-    inner -= {env[n][1] for n in keep}
+def _not_closed(env, ins, outs, pattern, last, used_after) -> bool:
+    """Whether the window leaks: a value made inside it (not in ``outs``) is read after step
+    ``last``, or one of its inputs ``ins`` is a value made inside it (``p @ s`` for ``p @ v``),
+    which the one step that replaces the window would read before it exists."""
+    made = {n for _, _, _, names in pattern for n in names}
+    inner = {env[n][1] for n in made - set(outs)}
+    if any(env[n][0] == "v" and env[n][1] in inner | {env[o][1] for o in outs} for n in ins):
+        return True
     return any(used_after.get(s, -1) > last for s in inner)
 
 
@@ -136,8 +141,7 @@ def _bind(env: dict, want, got) -> bool:
 def _gpt2_block_step(graph, steps, first, last, env, used_after) -> Step | None:
     """The fused block's step for a matched window, or None where the kernel does not apply
     (its predicate says no) or a value inside the window is read after it."""
-    keep = ["x", "out", *(p for p in BLOCK_PARAMS if env[p][0] == "v")]
-    if _inner_read_after(env, keep, last, used_after):
+    if _not_closed(env, ["x", *BLOCK_PARAMS], ["out"], GPT2_BLOCK, last, used_after):
         return None
     heads, (B, T, C) = tuple(env["$heads"]), graph.meta[env["x"][1]][0]
     if len(heads) != 4 or heads[:2] != (B, T) or heads[2] * heads[3] != C:
@@ -159,10 +163,12 @@ def _gpt2_block_step(graph, steps, first, last, env, used_after) -> Step | None:
 def _attention_step(graph, steps, first, last, env, used_after) -> Step | None:
     """One attention op (is_causal, the written scale) for a matched window, or None where
     the window is not causal attention exactly as the op computes it."""
-    if _inner_read_after(env, ["q", "k", "v", "y"], last, used_after):
+    if _not_closed(env, ["q", "k", "v"], ["y"], CAUSAL_ATTENTION, last, used_after):
         return None
     scale, masked, dim = env["$scale"], env["$masked"], env["$dim"]
     (qs, qd), (ks, kd), (vs, vd) = (graph.meta[env[n][1]] for n in ("q", "k", "v"))
+    if graph.meta[env["y"][1]] != ((*qs[:3], vs[3]), qd):
+        return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
         return None
     if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):

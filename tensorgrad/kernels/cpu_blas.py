@@ -4,13 +4,14 @@
 docs/internals.md and docs/performance.md say why. Not part of the core: a CPU speed setting,
 like the kernels beside it.
 
-Imports: ctypes, numpy, os.
+Imports: ctypes, numpy, os, threading.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -24,8 +25,17 @@ def _numpy_openblas() -> str | None:
             paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
     except OSError:
         return None
-    here = os.path.dirname(os.path.dirname(np.__file__))  # site-packages: numpy.libs/ there
-    return next((p for p in sorted(paths) if p.startswith(here) and "numpy" in p), None)
+    here = os.path.realpath(os.path.dirname(os.path.dirname(np.__file__)))  # numpy.libs/ there
+    mine = (p for p in sorted(paths) if os.path.realpath(p).startswith(here + os.sep))
+    return next((p for p in mine if "numpy" in os.path.realpath(p)[len(here) :]), None)
+
+
+def _first(lib, name: str):
+    """OpenBLAS's ``openblas_<name>`` under the prefix and suffix its build gave it, or None."""
+    for n in (f"scipy_openblas_{name}64_", f"openblas_{name}64_", f"openblas_{name}"):
+        if hasattr(lib, n):
+            return getattr(lib, n)
+    return None
 
 
 def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
@@ -42,9 +52,11 @@ def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
     thread count is kept). Waking a sleeping thread costs microseconds per call.
 
     ``import tensorgrad`` calls it once. Skipped when ``OPENBLAS_THREAD_TIMEOUT`` is set
-    (OpenBLAS then read yours), with ``TG_BLAS_TUNING=0``, or where NumPy's BLAS is not an
-    OpenBLAS with these entry points. ``blas_wait_tuned`` here says whether it applied.
-    Returns whether it was applied.
+    (OpenBLAS then read yours), with ``TG_BLAS_TUNING=0``, where NumPy's BLAS is not a
+    pthreads OpenBLAS with these entry points. The restart is unsafe while another thread
+    is in a BLAS call, so the import calls it only where no other Python thread runs; in a
+    notebook (whose kernel has threads of its own) call it yourself. ``blas_wait_tuned``
+    here says whether it applied at import. Returns whether it was applied.
     """
     if os.environ.get("TG_BLAS_TUNING", "1") == "0" or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
         return False
@@ -55,7 +67,11 @@ def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
         lib = ctypes.CDLL(path)  # already loaded: the same handle
         read_env, timeout = lib.openblas_read_env, lib.openblas_thread_timeout
         restart = lib.blas_thread_shutdown_  # (threads start again at the next call)
+        parallel = _first(lib, "get_parallel")  # 0: no threads, 1: pthreads, 2: OpenMP
+        pthreads = parallel is not None and parallel() == 1
     except (OSError, AttributeError):
+        return False
+    if not pthreads:
         return False
     os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(int(level))
     try:
@@ -68,4 +84,5 @@ def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
     return True
 
 
-blas_wait_tuned = tune_blas_wait()  # at import: see tune_blas_wait for the off switch
+# at import, where no other thread could be in a BLAS call: see tune_blas_wait
+blas_wait_tuned = threading.active_count() == 1 and tune_blas_wait()
