@@ -87,15 +87,7 @@ class CompiledForward:
             parts.append(k)
             _signature(kwargs[k], parts, live)
         if self.module is not None:
-            for m in self.module.modules():
-                if m is not self.module and m.has_forward_hooks():
-                    raise Uncompilable(
-                        f"{type(m).__name__} has forward hooks (they run only in eager mode)"
-                    )
-                parts.append(m.training)
-            for t in list(self.module.parameters()) + list(self.module.buffers()):
-                live.append(t)
-                parts.append((id(t), t.shape, t.dtype, t.requires_grad))
+            _module_signature(self.module, parts, live)
         return tuple(parts), live
 
     # ------------------------------------------------------------------ trace, replay
@@ -237,6 +229,30 @@ def _signature(x, parts: list, live: list) -> None:
 def _contiguous(a) -> bool:
     flags = getattr(a, "flags", None)
     return bool(flags is not None and flags.c_contiguous)
+
+
+def _module_signature(root, parts: list, live: list) -> None:
+    """Append each submodule's training flag and each parameter's and buffer's (id, shape,
+    dtype, requires_grad) to ``parts``, and the tensors to ``live``: one walk of the tree,
+    every module and tensor once (a shared one at its first place), in a fixed order.
+    Raises Uncompilable where a submodule has forward hooks."""
+    seen, stack = set(), [root]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m is not root and m.has_forward_hooks():
+            raise Uncompilable(
+                f"{type(m).__name__} has forward hooks (they run only in eager mode)"
+            )
+        parts.append(m.training)
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                live.append(t)
+                parts.append((id(t), t.shape, t.dtype, t.requires_grad))
+        stack.extend(reversed(m._modules.values()))
 
 
 def compile(  # noqa: A001  (torch.compile's name)
