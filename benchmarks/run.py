@@ -61,6 +61,15 @@ def plan(args) -> dict:
     )
 
 
+def median_round(results: list):
+    """Of one framework's rounds (worker processes taking turns with the other's), the one
+    with the median time, holding every round's median as ``rounds_s``; None if all failed."""
+    ok = sorted((r for r in results if r), key=lambda r: r["median_s"])
+    if not ok:
+        return None
+    return dict(ok[(len(ok) - 1) // 2], rounds_s=[r and r["median_s"] for r in results])
+
+
 # ----------------------------------------------------------------------------- workers
 class Runner:
     """Starts one worker process per measurement and keeps its result (or its error)."""
@@ -367,6 +376,14 @@ def report(R: dict) -> str:
             "\n|Δloss| 0 and 1: the two frameworks' losses at the first step and after "
             "one AdamW step, from the same weights and batch."
         )
+        many = {k: d for k, d in tr.items() if len(get(d.get(TG), "rounds_s") or []) > 1}
+        for shape, d in many.items():
+            each = ", ".join(
+                f"{fw} " + " / ".join(ms(t) for t in d[fw]["rounds_s"])
+                for fw in (TG, TORCH)
+                if d.get(fw)
+            )
+            out.append(f"\nRounds, {shape} (ms, taking turns): {each}; the table shows the median.")
         out.append("\nPhases of the step (ms, medians):\n")
         out.append(
             table(
@@ -768,6 +785,13 @@ def main(argv=None) -> int:
         "starting workers (120; quick 0)",
     )
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker process")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="training steps: this many worker processes per framework, taking turns; each "
+        "figure is the round with the median time (a VM's speed can differ between processes)",
+    )
     args = ap.parse_args(argv)
     if args.wait_budget is None:
         args.wait_budget = 0 if args.quick else 120
@@ -834,7 +858,13 @@ def main(argv=None) -> int:
             TORCH: (dict(env, **MALLOC_TUNED), "tuned malloc"),
         }
         for shape in [s for s in args.shapes.split(",") if s]:
-            R["train"][shape] = {fw: run("train", fw, shape=shape, reps=P["reps"]) for fw in fws}
+            turns = [
+                [run("train", fw, shape=shape, reps=P["reps"]) for fw in fws]
+                for _ in range(max(1, args.rounds))
+            ]
+            R["train"][shape] = {
+                fw: median_round([t[i] for t in turns]) for i, fw in enumerate(fws)
+            }
             if P["malloc_variant"]:
                 for fw in fws:
                     e, tag = other_malloc[fw]

@@ -88,8 +88,10 @@ def train(fw: str, shape: str, reps: int) -> dict:
     step()  # the first step also allocates AdamW's moments
     first_s = time.perf_counter() - t
     step()
-    m = measure(step, reps, warmup=0)
-    timed = phases[2:]
+    # a repetition is at least 0.3 s of steps (one step at the larger sizes): a tiny model's
+    # single 5 ms step is at the mercy of the VM's scheduler, in both frameworks alike
+    m = measure(step, reps, warmup=2, min_rep_s=0.3)
+    timed = phases[4:]
     return dict(
         m,
         shape=shape,

@@ -74,3 +74,13 @@ def test_edits_benchmark_runs_each_edit_and_restores_the_model():
     for name, patches in edits._edits().items():
         assert edits.step_ms("gpt-nano", patches, True, reps=1) > 0, name
     assert (gm.MLP.forward, gm.Block.forward, gm.nn.LayerNorm) == before
+
+
+def test_rounds_keep_the_median_round_and_every_rounds_time():
+    from benchmarks.run import median_round
+
+    rounds = [dict(median_s=0.007), None, dict(median_s=0.0044), dict(median_s=0.0046)]
+    kept = median_round(rounds)
+    assert kept["median_s"] == 0.0046  # the median of the three that ran
+    assert kept["rounds_s"] == [0.007, None, 0.0044, 0.0046]
+    assert median_round([None, None]) is None
