@@ -102,7 +102,7 @@ def recomputed_bytes(op: str, arrays) -> int:
     backward is not differentiated, may keep them instead: the memory tests allow that."""
     x = arrays[0]
     item = x.dtype.itemsize
-    if op == "layer_norm":  # x̂ and the per-row mean and 1/std
+    if op in ("layer_norm", "add_layer_norm"):  # x̂ and the per-row mean and 1/std
         return x.nbytes + 2 * (x.size // max(x.shape[-1], 1)) * item
     if op == "cross_entropy":  # the softmax and the per-row max and log-sum
         return x.nbytes + 2 * x.shape[0] * item

@@ -344,7 +344,10 @@ def test_a_gpt_with_its_attention_written_out_compiles_it_to_one_attention_op():
         w = want[1][name]
         assert np.abs(got[1][name] - w).max() <= 1e-3 * np.abs(w).max(), name
     s = compiled_forward(compiled).summary()
-    assert s["patterns"][-1] == {"causal attentions as one attention op": 2}, s["patterns"]
+    assert s["patterns"][-1] == {
+        "causal attentions as one attention op": 2,
+        "residual adds with their LayerNorm as one kernel": 4,  # the block no longer matches
+    }, s["patterns"]
 
 
 # (class-level edits of the GPT, compiled and eager: tests/test_model_edits.py)
@@ -812,3 +815,69 @@ def test_attention_written_out_with_another_mask_runs_as_written(allowed):
     assert "MatMul" in fused_names(c) and c.summary()["patterns"] == [{}]
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- composite: add + LayerNorm
+
+
+def residual_then_norm(x, a, w, b):
+    s = x + a  # the residual stream: read again after the LayerNorm
+    return F.layer_norm(s, (x.shape[-1],), w, b).relu() * 3 + s
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("a_shape", [(2, 5, 8), (5, 8)])
+def test_a_residual_add_then_layer_norm_runs_as_one_kernel(dtype, a_shape):
+    """x + a, then LayerNorm of the sum: one AddLayerNorm kernel, both outputs used; an add
+    that broadcasts (an embedding's positions) runs as written."""
+    g = np.random.default_rng(5)
+    arrays = [g.standard_normal(s).astype(dtype) for s in ((2, 5, 8), a_shape, (8,), (8,))]
+    w = g.standard_normal((2, 5, 8)).astype(dtype)
+
+    def run(f):
+        ts = [tg.tensor(a.copy(), dtype=dtype, requires_grad=True) for a in arrays]
+        out = f(*ts)
+        (out * tg.tensor(w)).sum().backward()
+        return [out.detach().numpy()] + [t.grad.numpy() for t in ts]
+
+    want = run(residual_then_norm)
+    c = tg.compile(residual_then_norm)
+    for _ in range(3):
+        got = run(c)
+    fused = a_shape == (2, 5, 8)
+    assert ("NumbaAddLayerNorm" in fused_names(c)) == fused, fused_names(c)
+    label = "residual adds with their LayerNorm as one kernel"
+    assert c.summary()["patterns"] == [{label: 1} if fused else {}]
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    for a, b in zip(got, want):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+def test_an_edited_gpt_compiles_its_residual_adds_with_their_layer_norms():
+    """A ReLU-edited GPT does not match the stock block; each of its residual adds that a
+    LayerNorm reads (ln_2 in every block, the next block's ln_1, ln_f) becomes one kernel."""
+    from gpt.model import GPT, MLP, GPTConfig
+
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    tg.manual_seed(0)
+    model = GPT(cfg)
+    idx = np.random.default_rng(0).integers(0, 11, (2, 8))
+
+    def relu_forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)))
+
+    orig = MLP.forward
+    MLP.forward = relu_forward
+    try:
+        c = tg.compile(model)
+        for _ in range(3):
+            _, loss = c(tg.tensor(idx), tg.tensor(idx))
+            loss.backward()
+        patterns = compiled_forward(c).summary()["patterns"][-1]
+    finally:
+        MLP.forward = orig
+    assert patterns.get("residual adds with their LayerNorm as one kernel") == 4, patterns
+    assert "GPT-2 blocks as the fused block kernel" not in patterns

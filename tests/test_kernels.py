@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import tensorgrad as tg
 from tensorgrad import kernels
 from tensorgrad.autograd import Op
+from tensorgrad.compiler.patterns import AddLayerNorm
 from tensorgrad.ops.nn import (
     Attention,
     CrossEntropy,
@@ -35,6 +36,7 @@ REFERENCE = {
     "log_softmax": LogSoftmax,
     "cross_entropy": CrossEntropy,
     "layer_norm": LayerNorm,
+    "add_layer_norm": AddLayerNorm,
     "gelu": Gelu,
     "embedding": Embedding,
     "attention": Attention,
@@ -75,6 +77,13 @@ def cases(op: str, dtype=np.float32, seed: int = 0):
             ("no_affine", (R(4, 9), None, None), {}),
             ("two_dims", (R(2, 3, 5), R(3, 5), R(3, 5)), {"nd": 2}),
             ("one_row_far_from_0", (R(1, 64) + 100, R(64), R(64)), {}),
+        ]
+    if op == "add_layer_norm":  # (tensorgrad.compile makes it of x + a, then LayerNorm)
+        return [
+            ("affine", (R(5, 37), R(5, 37), R(37), R(37)), {}),
+            ("no_affine", (R(2, 3, 16), R(2, 3, 16), None, None), {}),
+            ("two_dims", (R(2, 3, 5), R(2, 3, 5), R(3, 5), R(3, 5)), {"nd": 2}),
+            ("far_from_0", (R(3, 64) + 100, R(3, 64), R(64), R(64)), {"eps": 1e-3}),
         ]
     if op == "gelu":
         return [
@@ -141,11 +150,22 @@ def _kept_bytes(fn: Op, inputs) -> int:
 def run(ref, arrays, kw, device="cpu", g_seed=1):
     """Output, input gradients and kept bytes of ``ref.apply`` (whatever implementation runs)."""
     ts = _as_tensors(arrays, device)
-    out = ref.apply(*ts, **kw)
-    kept = _kept_bytes(out._node, ts)
-    w = np.random.default_rng(g_seed).standard_normal(out.shape).astype(out.dtype)
-    (out * tg.tensor(w, device=device)).sum().backward()
-    return out, [t.grad if isinstance(t, tg.Tensor) else None for t in ts], kept, type(out._node)
+    outs = ref.apply(*ts, **kw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    kept = _kept_bytes(outs[0]._node, ts)
+    rng = np.random.default_rng(g_seed)
+    loss = 0
+    for out in outs:  # a weighted sum of every output
+        w = rng.standard_normal(out.shape).astype(out.dtype)
+        loss = loss + (out * tg.tensor(w, device=device)).sum()
+    loss.backward()
+    out = outs[0] if len(outs) == 1 else tg.cat([o.reshape(-1) for o in outs])
+    return (
+        out,
+        [t.grad if isinstance(t, tg.Tensor) else None for t in ts],
+        kept,
+        type(outs[0]._node),
+    )
 
 
 def check_kernel(name: str, op: str, label: str, arrays, kw, device="cpu"):
@@ -255,6 +275,7 @@ def test_row_kernels_on_drawn_shapes(rows, cols, seed):
         "softmax": ((x,), {"dim": -1}),
         "log_softmax": ((x,), {"dim": -1}),
         "layer_norm": ((x, w, b), {}),
+        "add_layer_norm": ((x, x[::-1].copy(), w, b), {}),
         "gelu": ((x,), {"approximate": "tanh"}),
         "cross_entropy": ((x, t), {}),
         "embedding": ((x, r.integers(0, rows, 7)), {}),

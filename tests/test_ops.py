@@ -725,6 +725,35 @@ def test_layer_norm(affine, shape, ns):
     )
 
 
+@given(
+    shape=shapes(min_dims=1, max_dims=3, min_side=1, max_side=4),
+    nd=st.integers(1, 2),
+    affine=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_add_layer_norm(shape, nd, affine, seed):
+    """AddLayerNorm (what tensorgrad.compile makes of x + a and the LayerNorm after it): both
+    outputs, every input's gradient against finite differences."""
+    from tensorgrad.compiler.patterns import AddLayerNorm
+
+    nd = min(nd, len(shape))
+    r = np.random.default_rng(seed)
+    x, a = r.standard_normal(shape) * 2, r.standard_normal(shape)
+    w, b = (r.standard_normal(shape[len(shape) - nd :]) for _ in range(2))
+    args = [x, a, w, b] if affine else [x, a]
+
+    def tg_fn(x, a, w=None, b=None):
+        s, y = AddLayerNorm.apply(x, a, w, b, nd=nd)
+        return y * 2 + s * s
+
+    def np_fn(x, a, *_):
+        s = x + a
+        return np_layer_norm(s, nd, *(args[2:] if affine else ())) * 2 + s * s
+
+    with tg.kernels.reference_only():  # the reference op (the kernel: tests/test_kernels.py)
+        check_op(tg_fn, np_fn, *args, name=f"add_layer_norm {shape} nd={nd} affine={affine}")
+
+
 def test_layer_norm_shape_error():
     with pytest.raises(ValueError, match="normalized_shape"):
         F.layer_norm(tg.zeros(2, 3), 4)

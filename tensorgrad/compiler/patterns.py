@@ -8,7 +8,7 @@ equal the traced constant. A window of consecutive steps that matches, whose inn
 later step reads and whose inputs are not made inside it, becomes one step of the kernel the
 pattern names.
 
-Two patterns today:
+Three patterns today:
 - the pre-LayerNorm GPT-2 block, as ``gpt/model.py``'s ``Block`` computes it with the fused
   attention: it runs as the fused block kernel (``kernels/cpu_gpt2_block.py``). An edited
   block (another activation, another scale, a parallel attention and MLP, RMSNorm) traces
@@ -21,9 +21,12 @@ Two patterns today:
   and no (T, T) probabilities are kept for the backward. The mask must be a constant equal to
   ``~causal_mask(L, S)`` with L <= S (no row fully masked, where the written softmax would give
   NaN and the op zeros), checked when the plan is made; a mask read from a buffer is a graph
-  value, not a constant, and does not match.
+  value, not a constant, and does not match;
+- a residual add and the LayerNorm of its sum (every pre-LN block that is not the stock one
+  has two): one ``AddLayerNorm`` op with both outputs, which its kernel computes in one pass
+  over the rows each way. The two addends must have one shape (no broadcasting).
 
-Imports: numpy, .trace, ..kernels, ..ops.
+Imports: numpy, .trace, ..autograd, ..kernels, ..ops.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
-from ..ops.nn import Attention, causal_mask
+from ..autograd import xp_of
+from ..ops.nn import Attention, LayerNorm, causal_mask
 from .trace import Graph, Step, same_value
 
 HEADS = (0, 2, 1, 3)
@@ -70,8 +74,36 @@ CAUSAL_ATTENTION = [
     ("Softmax", ["sm"], {"dim": "$dim"}, ["p"]),
     ("MatMul", ["p", "v"], {}, ["y"]),
 ]
+ADD_LAYER_NORM = [
+    ("Add", ["x", "a"], {}, ["s"]),
+    ("LayerNorm", ["s", "w", "b"], {"nd": "$nd", "eps": "$eps"}, ["y"]),
+]
 BLOCK_PARAMS = [n for _, ins, _, _ in GPT2_BLOCK for n in ins if isinstance(n, str) and "." in n]
 # (the fused kernel's inputs after x, in the kernel's order: kernels.cpu_gpt2_block)
+
+
+class AddLayerNorm(LayerNorm):
+    """s = x + a and y = LayerNorm(s): a residual add and the LayerNorm after it, as one op
+    with both outputs (the residual stream goes on to the next add). ``tensorgrad.compile``
+    makes it from the two ops where it finds them (below), so that a kernel
+    can do both in one pass over the rows; x and a have one shape.
+
+    ∂L/∂x = ∂L/∂a = g_s + LayerNorm's ∂L/∂s for g_y."""
+
+    op = "add_layer_norm"
+    multi_output = True
+    takes_none = True  # an output no gradient reached adds nothing
+
+    def forward(self, x, a, w, b, nd=1, eps=1e-5):
+        s = x + a
+        return s, super().forward(s, w, b, nd=nd, eps=eps)
+
+    def backward(self, gs, gy):
+        if gy is None:  # (w and b still get their gradients: zeros)
+            gy = xp_of(gs, self.saved[0]).zeros_like(self.saved[0])
+        gx, gw, gb = super().backward(gy)
+        gx = gx if gs is None else gs + gx
+        return gx, gx, gw, gb
 
 
 def match_composites(graph: Graph, steps: list, last_reads) -> list:
@@ -79,7 +111,8 @@ def match_composites(graph: Graph, steps: list, last_reads) -> list:
     (``last_reads(graph, steps)``: slot -> index in ``steps`` of the last step that reads it,
     asked again after each pattern)."""
     steps = _replace(graph, steps, last_reads(graph, steps), GPT2_BLOCK, _gpt2_block_step)
-    return _replace(graph, steps, last_reads(graph, steps), CAUSAL_ATTENTION, _attention_step)
+    steps = _replace(graph, steps, last_reads(graph, steps), CAUSAL_ATTENTION, _attention_step)
+    return _replace(graph, steps, last_reads(graph, steps), ADD_LAYER_NORM, _add_layer_norm_step)
 
 
 def _replace(graph, steps, used_after, pattern, make) -> list:
@@ -192,6 +225,26 @@ def _attention_step(graph, steps, first, last, env, used_after) -> Step | None:
     kwargs = {k: ("c", v) for k, v in kw.items()}
     label = "causal attentions as one attention op"
     return Step(Attention, impl, ins, kwargs, [y], needs, [graph.meta[y]], label)
+
+
+def _add_layer_norm_step(graph, steps, first, last, env, used_after) -> Step | None:
+    """The residual add and the LayerNorm after it as one AddLayerNorm step (both outputs:
+    the sum goes on to the next add), where its kernel takes them: x and a of one shape,
+    no broadcasting (an embedding's (T, C) positions added to (B, T, C) runs as written)."""
+    if _not_closed(env, ["x", "a", "w", "b"], ["s", "y"], ADD_LAYER_NORM, last, used_after):
+        return None
+    if graph.meta[env["x"][1]] != graph.meta[env["a"][1]]:
+        return None
+    ins = [env[n] for n in ("x", "a", "w", "b")]
+    kw = {"nd": env["$nd"], "eps": env["$eps"]}
+    impl = kernels.pick("add_layer_norm", "cpu", *[_dummy(graph, r) for r in ins], **kw)
+    if impl is None:
+        return None
+    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
+    outs = [env["s"][1], env["y"][1]]
+    kwargs = {k: ("c", v) for k, v in kw.items()}
+    label = "residual adds with their LayerNorm as one kernel"
+    return Step(AddLayerNorm, impl, ins, kwargs, outs, needs, [graph.meta[o] for o in outs], label)
 
 
 def _dummy(graph: Graph, ref):

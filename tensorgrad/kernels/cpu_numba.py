@@ -337,50 +337,85 @@ class NumbaCrossEntropy(Op):
 # ----------------------------------------------------------------------------- layer norm
 
 
+@jit(fastmath=FM)
+def _ln_row(xi, w, b, eps, yi):
+    """yi = LayerNorm(xi)·w + b for one row; returns 1/std."""
+    c = xi.size
+    mean = rsum(xi) / c
+    var = xi.dtype.type(0)
+    for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
+        d = xi[j] - mean
+        var += d * d
+    r = 1 / np.sqrt(var / c + eps)
+    for j in range(c):
+        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
+    return r
+
+
 @jit(parallel=True, fastmath=FM)
 def _ln_fwd(x, w, b, eps, y, rstd):
-    n, c = x.shape
-    for i in prange(n):
-        xi, yi = x[i], y[i]
-        mean = rsum(xi) / c
-        var = x.dtype.type(0)
-        for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
-            d = xi[j] - mean
-            var += d * d
-        r = 1 / np.sqrt(var / c + eps)
-        rstd[i] = r
-        for j in range(c):
-            yi[j] = (xi[j] - mean) * r * w[j] + b[j]
+    for i in prange(x.shape[0]):
+        rstd[i] = _ln_row(x[i], w, b, eps, y[i])
 
 
 @jit(parallel=True, fastmath=FM)
-def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
-    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks.
+def _add_ln_fwd(x, a, w, b, eps, s, y, rstd):
+    """s = x + a, y = LayerNorm(s) per row: one pass, s still in L1 when it is normalised."""
+    n, c = x.shape
+    for i in prange(n):
+        si = s[i]
+        for j in range(c):
+            si[j] = x[i, j] + a[i, j]
+        rstd[i] = _ln_row(si, w, b, eps, y[i])
+
+
+@jit(fastmath=FM)
+def _ln_row_bwd(gi, xi, w, r, o, gwp, gbp):
+    """o = ∂LayerNorm/∂x · gi for one row; gwp += gi·x̂, gbp += gi.
 
     Not shared with the fused block's ln_bwd_residual on purpose: here the mean and the row
     sums a, k stay in float64 for float32 input, so g·w - a is not contracted into an FMA
     that leaves g·w's rounding error (times 1/std) where the gradient is 0, e.g. over one
     feature (tests/test_kernels.py::test_layer_norm_kernel_over_one_feature)."""
-    n, c = x.shape
+    c = xi.size
+    mean = rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
+    s1 = xi.dtype.type(0)  # Σ ĝ
+    s2 = xi.dtype.type(0)  # Σ ĝ·(x - mean)
+    for j in range(c):
+        gh = gi[j] * w[j]
+        s1 += gh
+        s2 += gh * (xi[j] - mean)
+    a = s1 / c
+    k = s2 * r / c  # mean(ĝ·x̂)
+    for j in range(c):
+        xh = (xi[j] - mean) * r
+        o[j] = (gi[j] * w[j] - a - xh * k) * r
+        gwp[j] += gi[j] * xh
+        gbp[j] += gi[j]
+
+
+@jit(parallel=True, fastmath=FM)
+def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
+    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
+    n = x.shape[0]
     parts = gw_part.shape[0]
     for p in prange(parts):
-        gwp, gbp = gw_part[p], gb_part[p]
         for i in range(p * n // parts, (p + 1) * n // parts):
-            xi, gi, o, r = x[i], g[i], gx[i], rstd[i]
-            mean = rsum(xi) / c  # as in forward, so x̂ is the forward's x̂
-            s1 = x.dtype.type(0)  # Σ ĝ
-            s2 = x.dtype.type(0)  # Σ ĝ·(x - mean)
-            for j in range(c):
-                gh = gi[j] * w[j]
-                s1 += gh
-                s2 += gh * (xi[j] - mean)
-            a = s1 / c
-            k = s2 * r / c  # mean(ĝ·x̂)
-            for j in range(c):
-                xh = (xi[j] - mean) * r
-                o[j] = (gi[j] * w[j] - a - xh * k) * r
-                gwp[j] += gi[j] * xh
-                gbp[j] += gi[j]
+            _ln_row_bwd(g[i], x[i], w, rstd[i], gx[i], gw_part[p], gb_part[p])
+
+
+@jit(parallel=True, fastmath=FM)
+def _add_ln_bwd(g, x, w, rstd, gs, gx, gw_part, gb_part):
+    """_ln_bwd, then gx += gs per row while the row is in L1 (gs: the gradient reaching the
+    sum s = x + a from its other readers), in the order the two ops' walk adds them."""
+    n = x.shape[0]
+    parts = gw_part.shape[0]
+    for p in prange(parts):
+        for i in range(p * n // parts, (p + 1) * n // parts):
+            o, gsi = gx[i], gs[i]
+            _ln_row_bwd(g[i], x[i], w, rstd[i], o, gw_part[p], gb_part[p])
+            for j in range(o.size):
+                o[j] = gsi[j] + o[j]
 
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):
@@ -402,6 +437,14 @@ def _ln_when(x, w, b, nd=1, eps=1e-5):
     return True
 
 
+def _ln_affine(x, w, b, nd):
+    """(C, w, b): the normalised size and the weight and bias as (C,) arrays (ones, zeros)."""
+    C = math.prod(x.shape[x.ndim - nd :])
+    w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
+    b1 = np.zeros(C, x.dtype) if b is None else np.ascontiguousarray(b).reshape(C)
+    return C, w1, b1
+
+
 @register("layer_norm", "cpu", name="cpu.numba.layer_norm", when=_ln_when)
 class NumbaLayerNorm(Op):
     """LayerNorm over the trailing nd dims (float32 or float64), one pass per row each way.
@@ -411,10 +454,8 @@ class NumbaLayerNorm(Op):
     """
 
     def forward(self, x, w, b, nd=1, eps=1e-5):
-        C = math.prod(x.shape[x.ndim - nd :])
+        C, w1, b1 = _ln_affine(x, w, b, nd)
         x2 = x.reshape(-1, C)
-        w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
-        b1 = np.zeros(C, x.dtype) if b is None else np.ascontiguousarray(b).reshape(C)
         y = np.empty_like(x2)
         rstd = np.empty(x2.shape[0], x.dtype)
         _run(_ln_fwd, x.size, x2, w1, b1, x.dtype.type(eps), y, rstd)
@@ -423,19 +464,61 @@ class NumbaLayerNorm(Op):
         return y.reshape(x.shape)
 
     def backward(self, g):
+        return self._grads(g, None)
+
+    def _grads(self, g, gs):
+        """(∂x, ∂w, ∂b) for g at the output, plus gs (AddLayerNorm's sum's own gradient)."""
         x, rstd, w = self.saved
-        C = math.prod(x.shape[x.ndim - self.nd :])
+        C, w1, _ = _ln_affine(x, w, None, self.nd)
         x2 = x.reshape(-1, C)
         n = x2.shape[0]
-        w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
         parts = min(n, 16)  # fixed, not per thread: the same sums on any machine
         gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
         gx = np.empty_like(x2)
-        _run(_ln_bwd, x.size, _contig(g).reshape(n, C), x2, w1, rstd, gx, gw_part, gb_part)
+        g2 = _contig(g).reshape(n, C)
+        if gs is None:
+            _run(_ln_bwd, x.size, g2, x2, w1, rstd, gx, gw_part, gb_part)
+        else:
+            gs2 = _contig(gs).reshape(n, C)
+            _run(_add_ln_bwd, x.size, g2, x2, w1, rstd, gs2, gx, gw_part, gb_part)
         wshape = x.shape[x.ndim - self.nd :]
         gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
         gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
         return gx.reshape(x.shape), gw, gb
+
+
+def _add_ln_when(x, a, w, b, nd=1, eps=1e-5):
+    xa, aa = numpy_array(x), numpy_array(a)
+    if xa is None or aa is None or aa.shape != xa.shape or aa.dtype != xa.dtype:
+        return False
+    return bool(aa.flags.c_contiguous) and _ln_when(x, w, b, nd, eps)
+
+
+@register("add_layer_norm", "cpu", name="cpu.numba.add_layer_norm", when=_add_ln_when)
+class NumbaAddLayerNorm(NumbaLayerNorm):
+    """s = x + a and LayerNorm(s) in one pass per row each way (compiler.patterns.AddLayerNorm, made by
+    tensorgrad.compile): the sum is normalised while its row is in L1, and the backward adds
+    the sum's own gradient to LayerNorm's as it writes it. Saves s, 1/std per row and w."""
+
+    multi_output = True
+    takes_none = True
+
+    def forward(self, x, a, w, b, nd=1, eps=1e-5):
+        C, w1, b1 = _ln_affine(x, w, b, nd)
+        x2 = x.reshape(-1, C)
+        s, y = np.empty_like(x2), np.empty_like(x2)
+        rstd = np.empty(x2.shape[0], x.dtype)
+        _run(_add_ln_fwd, x.size, x2, a.reshape(-1, C), w1, b1, x.dtype.type(eps), s, y, rstd)
+        s = s.reshape(x.shape)
+        self.has_w, self.has_b, self.nd = w is not None, b is not None, nd
+        self.save(s, rstd, w)
+        return s, y.reshape(x.shape)
+
+    def backward(self, gs, gy):
+        if gy is None:  # (w and b still get their gradients: zeros)
+            gy = np.zeros_like(self.saved[0])
+        gx, gw, gb = self._grads(gy, gs)
+        return gx, gx, gw, gb
 
 
 # ----------------------------------------------------------------------------- GELU
