@@ -437,12 +437,9 @@ def _ln_when(x, w, b, nd=1, eps=1e-5):
     return True
 
 
-def _ln_affine(x, w, b, nd):
-    """(C, w, b): the normalised size and the weight and bias as (C,) arrays (ones, zeros)."""
-    C = math.prod(x.shape[x.ndim - nd :])
-    w1 = np.ones(C, x.dtype) if w is None else np.ascontiguousarray(w).reshape(C)
-    b1 = np.zeros(C, x.dtype) if b is None else np.ascontiguousarray(b).reshape(C)
-    return C, w1, b1
+def _ln_vector(v, C: int, dtype, fill: float):
+    """A LayerNorm weight or bias as a contiguous (C,) array; ``fill`` everywhere if None."""
+    return np.full(C, fill, dtype) if v is None else np.ascontiguousarray(v).reshape(C)
 
 
 @register("layer_norm", "cpu", name="cpu.numba.layer_norm", when=_ln_when)
@@ -454,7 +451,8 @@ class NumbaLayerNorm(Op):
     """
 
     def forward(self, x, w, b, nd=1, eps=1e-5):
-        C, w1, b1 = _ln_affine(x, w, b, nd)
+        C = math.prod(x.shape[x.ndim - nd :])
+        w1, b1 = _ln_vector(w, C, x.dtype, 1), _ln_vector(b, C, x.dtype, 0)
         x2 = x.reshape(-1, C)
         y = np.empty_like(x2)
         rstd = np.empty(x2.shape[0], x.dtype)
@@ -469,7 +467,8 @@ class NumbaLayerNorm(Op):
     def _grads(self, g, gs):
         """(∂x, ∂w, ∂b) for g at the output, plus gs (AddLayerNorm's sum's own gradient)."""
         x, rstd, w = self.saved
-        C, w1, _ = _ln_affine(x, w, None, self.nd)
+        C = math.prod(x.shape[x.ndim - self.nd :])
+        w1 = _ln_vector(w, C, x.dtype, 1)
         x2 = x.reshape(-1, C)
         n = x2.shape[0]
         parts = min(n, 16)  # fixed, not per thread: the same sums on any machine
@@ -504,7 +503,8 @@ class NumbaAddLayerNorm(NumbaLayerNorm):
     takes_none = True
 
     def forward(self, x, a, w, b, nd=1, eps=1e-5):
-        C, w1, b1 = _ln_affine(x, w, b, nd)
+        C = math.prod(x.shape[x.ndim - nd :])
+        w1, b1 = _ln_vector(w, C, x.dtype, 1), _ln_vector(b, C, x.dtype, 0)
         x2 = x.reshape(-1, C)
         s, y = np.empty_like(x2), np.empty_like(x2)
         rstd = np.empty(x2.shape[0], x.dtype)
