@@ -72,7 +72,13 @@ from .tensor_functions import __all__ as _functions_all
 from .types import as_dtype, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
-    from .kernels import cpu_gpt2_block, cpu_numba, cpu_numba_attention  # noqa: F401  (register)
+    from .kernels import (  # noqa: F401  (register)  # noqa: F401
+        cpu_gpt2_block,
+        cpu_numba,
+        cpu_numba_adamw,
+        cpu_numba_attention,
+        cpu_numba_embedding,
+    )
 except ImportError:
     cpu_numba = None
 

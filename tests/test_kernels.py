@@ -29,7 +29,7 @@ from tensorgrad.ops.nn import (
     LogSoftmax,
     Softmax,
 )
-from tensorgrad.optim import adamw_update
+from tensorgrad.optim import adamw_foreach, adamw_update
 
 REFERENCE = {
     "softmax": Softmax,
@@ -218,7 +218,7 @@ CUDA = [
 def test_every_registered_op_has_cases():
     for k in kernels.registered():
         # gpt2_block's reference is a composition, not one Op: tests/test_kernels_block.py
-        known = ("adamw", "matmul", "gpt2_block")
+        known = ("adamw", "adamw_foreach", "matmul", "gpt2_block")
         assert k.op in REFERENCE or k.op in known, f"{k.name}: no cases for {k.op}"
         if k.op in REFERENCE:
             assert cases(k.op), f"{k.name}: no cases for {k.op}"
@@ -318,6 +318,57 @@ def test_adamw_kernel_matches_reference(kernel, wd, step, n):
     for a, b, name in zip(got, want, ("param", "exp_avg", "exp_avg_sq")):
         # float32 rounding: a kernel may keep intermediates in float64 (numba does)
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7, err_msg=f"{kernel.name}: {name}")
+
+
+FOREACH = [k for k in kernels.registered("adamw_foreach", "cpu")]
+
+
+@pytest.mark.parametrize("kernel", FOREACH, ids=[k.name for k in FOREACH])
+def test_adamw_foreach_kernel_matches_reference(kernel):
+    """A list longer than one compiled batch, mixed dtypes, sizes from one element to past
+    the threaded kernel's threshold, a transposed gradient, each with its own keywords."""
+    r = np.random.default_rng(0)
+    shapes = [(1,), (3, 4), (0,), (7,), (300_001,)] + [(i + 2,) for i in range(20)] + [(5, 3)]
+    xs, gs, hyper = [], [], []
+    for i, shape in enumerate(shapes):
+        dt = np.float64 if i % 3 == 1 else np.float32
+        xs.append(r.standard_normal(shape).astype(dt))
+        g = r.standard_normal(shape[::-1]).astype(dt)
+        gs.append(g.T if len(shape) == 2 and i % 2 else g.reshape(shape))
+        hyper.append({"lr": 1e-3 * (i + 1), "b1": 0.9, "b2": 0.95 + 0.001 * (i % 4),
+                      "eps": 1e-8, "wd": 0.1 * (i % 2), "step": 1 + i % 5})  # fmt: skip
+    ms = [x * 0.1 for x in xs]
+    vs = [np.abs(g) * 0.01 + 0 * x for g, x in zip(gs, xs)]
+    vs = [np.ascontiguousarray(v) for v in vs]
+    want = [[a.copy() for a in arrays] for arrays in (xs, ms, vs)]
+    adamw_foreach(want[0], gs, want[1], want[2], hyper)
+    got = [[a.copy() for a in arrays] for arrays in (xs, ms, vs)]
+    assert kernel.when(got[0], gs, got[1], got[2], hyper)
+    kernel.impl(got[0], gs, got[1], got[2], hyper)
+    for a_list, b_list, name in zip(got, want, ("param", "exp_avg", "exp_avg_sq")):
+        for i, (a, b) in enumerate(zip(a_list, b_list)):
+            np.testing.assert_allclose(
+                a, b, rtol=2e-5, atol=1e-7, err_msg=f"{kernel.name}: {name} {i} {shapes[i]}"
+            )
+
+
+def test_adamw_foreach_kernel_declines_what_it_cannot_update_in_place():
+    (kernel,) = FOREACH
+    x = np.zeros((4, 3), np.float32)
+    ok = [x], [np.ones_like(x)], [np.zeros_like(x)], [np.zeros_like(x)], [{}]
+    assert kernel.when(*ok)
+    assert not kernel.when([x], [np.ones_like(x)], [np.zeros((3, 4), np.float32).T], ok[3], [{}])
+    assert not kernel.when([x], [np.ones(12, np.float32)], ok[2], ok[3], [{}])
+    assert not kernel.when([x], [np.ones_like(x, np.float64)], ok[2], ok[3], [{}])
+    assert not kernel.when([x.astype(np.float16)], *ok[1:])
+
+
+def test_embedding_kernels_refuse_a_bad_id_as_the_reference_does():
+    w = np.zeros((5, 2), np.float32)
+    for bad, message in ((np.array([0, 5]), "index 5 "), (np.array([[-1, 2]]), "index -1 ")):
+        for impl in [Embedding] + [k.impl for k in CPU if k.op == "embedding"]:
+            with pytest.raises(IndexError, match=f"embedding: {message}is out of range for 5"):
+                impl().forward(w, bad)
 
 
 # ----------------------------------------------------------------------------- the registry

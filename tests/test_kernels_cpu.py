@@ -28,6 +28,7 @@ from helpers import assert_close, recomputed_bytes
 
 from tensorgrad import kernels
 from tensorgrad.kernels import cpu_numba as K
+from tensorgrad.kernels import cpu_numba_adamw as KW
 from tensorgrad.kernels import cpu_numba_attention as KA
 from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array
 from tensorgrad.ops import nn as R
@@ -447,7 +448,7 @@ def test_adamw(dtype, tol, wd):
     for step in (1, 2, 10):
         kw = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": wd, "step": step}
         adamw_update(*a, **kw)
-        K.numba_adamw_update(*b, **kw)
+        KW.numba_adamw_update(*b, **kw)
         for name, x, y in zip("xgmv", a, b):
             assert_close(y, x, tol, tol, what=f"adamw {name} step {step}")
 
@@ -456,13 +457,13 @@ def test_adamw_with_and_without_the_pool_agree_bit_for_bit():
     # parameters below PARALLEL_MIN elements take the serial loop, larger ones the pool's:
     # the same update either way (a model's parameters may sit on both sides)
     g = np.random.default_rng(1)
-    a = [g.standard_normal(K.PARALLEL_MIN + 77).astype(np.float32) for _ in range(3)]
+    a = [g.standard_normal(KW.PARALLEL_MIN + 77).astype(np.float32) for _ in range(3)]
     a.append(g.random(a[0].size).astype(np.float32))
     b = [x.copy() for x in a]
     f32 = np.float32
     hp = (f32(0.999), f32(0.9), f32(0.1), f32(0.95), f32(0.05), f32(0.3), f32(1e-8), f32(1e-3))
-    K._adamw(*a, *hp)
-    K._adamw_serial(*b, *hp)
+    KW._adamw(*a, *hp)
+    KW._adamw_serial(*b, *hp)
     for name, x, y in zip("xgmv", a, b):
         np.testing.assert_array_equal(y, x, err_msg=f"adamw {name}")
 
@@ -483,7 +484,7 @@ def test_registered_names():
         )
 
     x = np.zeros(10, np.float32)
-    assert first(x, x, x, x) is K.numba_adamw_update
+    assert first(x, x, x, x) is KW.numba_adamw_update
     g = np.zeros(20, np.float32)[::2]
     assert first(x, g, x, x).__name__ == "chunked_adamw_update"
 
@@ -515,7 +516,7 @@ def test_predicates_refuse_what_kernels_do_not_handle():
     assert not pick_impl("attention", q, q[0], q[0], None)  # broadcast batch dims
     assert not pick_impl("attention", q, q[..., :4, :], q, None)  # S = 4 <= Ev = 4
     v = np.zeros(3, np.float32)  # the AdamW kernel is not registered (the chunked one wins)
-    assert K._adamw_when(v, v, v, v) and not K._adamw_when(v, v[:2], v, v)
+    assert KW._adamw_when(v, v, v, v) and not KW._adamw_when(v, v[:2], v, v)
 
 
 def test_apply_records_and_backpropagates():
@@ -532,10 +533,13 @@ def test_sizes_above_parallel_min(monkeypatch):
     # the tests above are small and run on one thread (threads_for); these take numba's pool
     # of 2 threads: every kernel call is recorded with numba's thread count inside it
     prev = two_threads(monkeypatch)
-    ran, real_run = [], K._run
-    monkeypatch.setattr(
-        K, "_run", lambda kernel, size, *a: real_run(wrap_driver(kernel, ran), size, *a)
-    )
+    ran, real_run = [], K.run_kernel
+    for module in (K, KW):
+        monkeypatch.setattr(
+            module,
+            "run_kernel",
+            lambda kernel, size, *a: real_run(wrap_driver(kernel, ran), size, *a),
+        )
     try:
         sizes_above_parallel_min()
     finally:
@@ -560,7 +564,7 @@ def sizes_above_parallel_min():
     b = [y.copy() for y in a]
     hp = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": 0.1, "step": 5}
     adamw_update(*a, **hp)
-    K.numba_adamw_update(*b, **hp)
+    KW.numba_adamw_update(*b, **hp)
     for name, want, got in zip("xgmv", a, b):
         assert_close(got, want, 1e-6, 1e-6, what=f"adamw {name}")
 
@@ -571,10 +575,15 @@ def test_every_cpu_kernel_compiles_with_numpys_error_model():
     # reference ops do
     from numba.core.registry import CPUDispatcher
 
-    from tensorgrad.kernels import cpu_numba_attention, cpu_numba_block, numba_math
+    from tensorgrad.kernels import (
+        cpu_numba_attention,
+        cpu_numba_block,
+        cpu_numba_embedding,
+        numba_math,
+    )
 
     found = []
-    for module in (K, cpu_numba_attention, cpu_numba_block, numba_math):
+    for module in (K, KW, cpu_numba_attention, cpu_numba_block, cpu_numba_embedding, numba_math):
         for name, f in vars(module).items():
             if isinstance(f, CPUDispatcher):
                 found.append((module.__name__, name, f.targetoptions.get("error_model")))

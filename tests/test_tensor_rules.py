@@ -250,6 +250,50 @@ def test_in_place_on_a_saved_non_leaf_still_raises_at_backward():
         e.sum().backward()
 
 
+def _guards(fn, inputs, outs, arrays, general: bool, monkeypatch):
+    from tensorgrad.autograd import graph
+
+    with monkeypatch.context() as mp:
+        if general:
+            mp.setattr(graph, "_guard_saved_inputs", lambda *a: None)
+        checks, links = graph._guard_saved(fn, inputs, outs, arrays)
+    copied = [s is not a for s, a in zip(fn.saved, arrays)]
+    return [(id(t), v) for t, v in checks], links, copied
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    ["ttt", "tpt", "t0p", "tvt", "tTt", "pp0", "tt", "t0", "ts"],
+)
+def test_the_quick_guard_of_an_op_that_saves_its_inputs_equals_the_general_one(kinds, monkeypatch):
+    """t a tensor, p a plain array, 0 a 0-d tensor, v a tensor viewing the first, T the first
+    tensor again, s a saved output: the quick pass applies or defers, never differs."""
+    from tensorgrad.autograd import graph
+
+    base = tg.randn(4, 3)
+    inputs = []
+    for k in kinds:
+        inputs.append(
+            {
+                "t": lambda: tg.randn(4, 3),
+                "p": lambda: np.ones(3, np.float32),
+                "0": lambda: tg.tensor(2.0),
+                "v": lambda: tg.Tensor(base.array[1:]),
+                "T": lambda: inputs[0],
+                "s": lambda: tg.randn(2),
+            }[k]()
+        )
+    inputs[0] = base if "v" in kinds else inputs[0]
+    arrays = [x.array if isinstance(x, tg.Tensor) else x for x in inputs]
+    outs = [tg.Tensor(arrays[-1] if kinds.endswith("s") else np.zeros(2, np.float32))]
+    got = []
+    for general in (False, True):
+        fn = graph.Op()
+        fn.save(*arrays)
+        got.append(_guards(fn, inputs, outs, arrays, general, monkeypatch))
+    assert got[0] == got[1]
+
+
 def test_accumulate_grad_lives_in_autograd_only():
     assert not hasattr(tg.Tensor, "_accumulate_grad")
 

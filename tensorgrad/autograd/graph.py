@@ -311,6 +311,9 @@ def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
     checks: a version check for every tensor whose memory a saved array shares; a saved array
     that shares the memory of a plain-array input is copied instead (nothing else would see
     it change). links: ``saved_links`` of the saved arrays (after those copies)."""
+    fast = _guard_saved_inputs(fn, inputs, results, arrays)
+    if fast is not None:
+        return fast
     Tensor = _tensor_type
     # every input, then every output: (its tensor or None, its array, its link, whether it
     # is a NumPy array that allocated its own memory, not a view of another's)
@@ -366,6 +369,31 @@ def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
         links.append(link)
     if copied:
         fn.saved = tuple(saved)
+    return checks, tuple(links)
+
+
+def _guard_saved_inputs(fn: Op, inputs, results, arrays):
+    """_guard_saved in one quick pass where fn saved exactly its inputs' arrays (Replay saves
+    every parameter), each a distinct NumPy array owning its memory and none an output: each
+    then shares memory with its own input only. None where that does not hold."""
+    saved, ids = fn.saved, {id(a) for a in arrays}
+    if len(saved) != len(arrays) or len(ids) != len(arrays):
+        return None
+    for s, a in zip(saved, arrays):
+        if s is not a or type(a) is not np.ndarray or a.base is not None:
+            return None
+    if any(id(r._array) in ids for r in results):
+        return None
+    checks, links, copies = [], [], {}
+    for k, (x, a) in enumerate(zip(inputs, arrays)):
+        tensor = isinstance(x, _tensor_type)
+        if a.ndim and tensor:
+            checks.append((x, x._version[0]))
+        elif a.ndim:  # a plain array's memory: copied
+            copies[k] = a.copy()
+        links.append(None if k in copies else (0, k))
+    if copies:
+        fn.saved = tuple(copies.get(k, s) for k, s in enumerate(saved))
     return checks, tuple(links)
 
 

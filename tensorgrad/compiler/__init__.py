@@ -242,17 +242,19 @@ def _module_signature(root, parts: list, live: list) -> None:
         if id(m) in seen:
             continue
         seen.add(id(m))
-        if m is not root and m.has_forward_hooks():
+        d = m.__dict__  # (read directly, not through properties: this runs every call)
+        if m is not root and (d.get("_forward_pre_hooks") or d.get("_forward_hooks")):
             raise Uncompilable(
                 f"{type(m).__name__} has forward hooks (they run only in eager mode)"
             )
         parts.append(m.training)
-        for t in (*m._parameters.values(), *m._buffers.values()):
+        for t in (*d["_parameters"].values(), *d["_buffers"].values()):
             if t is not None and id(t) not in seen:
                 seen.add(id(t))
                 live.append(t)
-                parts.append((id(t), t.shape, t.dtype, t.requires_grad))
-        stack.extend(reversed(m._modules.values()))
+                a = t.array
+                parts.append((id(t), a.shape, a.dtype, t.requires_grad))
+        stack.extend(reversed(d["_modules"].values()))
 
 
 def compile(  # noqa: A001  (torch.compile's name)

@@ -16,8 +16,8 @@ NumPy inputs with every parameter present. Per block:
               the numba pass that already reads its rows, residual gradients added there too.
 
 The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
-probabilities recomputed in backward from the logsumexp; up to SHORT_T positions, one numba
-loop per head instead, whose strips would be GEMMs of a few rows), on (B, nh, T, hs) views of the
+probabilities recomputed in backward from the logsumexp; up to SHORT_T positions, numba
+loops per head instead, whose strips would be GEMMs of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the
 (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
 with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
 the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
@@ -90,9 +90,17 @@ def _heads(a, B, T, nh, hs, parts: int):
     return [a5[:, :, i].transpose(0, 2, 1, 3) for i in range(parts)]
 
 
+def attention_stats(shape):
+    """What the attention keeps for backward: (B·nh, T) logsumexps, (B·nh, T·T) probabilities
+    up to SHORT_T positions."""
+    B, T, nh, hs = shape
+    return np.empty((B * nh, T * T if T <= SHORT_T else T), F32)
+
+
 def attention_fwd(qkv, y, lse, shape, scale):
     """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C);
-    lse (B·nh, T) the logsumexp per query."""
+    lse (B·nh, T) the logsumexp per query, or up to SHORT_T positions (B·nh, T·T) the
+    probabilities (:func:`attention_stats`)."""
     B, T, nh, hs = shape
     if T <= SHORT_T:
         short_attention_fwd(qkv, y, lse, T, nh, hs, scale)
@@ -152,7 +160,7 @@ class NumbaGPT2Block(Op):
         ln_fwd(x2, l1w, l1b, e, h1, m1, r1)
         qkv = np.matmul(h1, aw.T)  # (N, 3C)
         qkv += ab
-        y, lse = np.empty((N, C), F32), np.empty((B * nh, T), F32)
+        y, lse = np.empty((N, C), F32), attention_stats(shape)
         attention_fwd(qkv, y, lse, shape, scale)
         x1 = np.matmul(y, pw.T)  # (N, C): the projection, then the residual stream in place
         h2, m2, r2 = np.empty((N, C), F32), np.empty(N, F32), np.empty(N, F32)

@@ -1,5 +1,6 @@
 """Compiled CPU kernels (numba): one pass per row for softmax, log-softmax, cross-entropy,
-LayerNorm and GELU, one pass for AdamW, and flash-style attention (``cpu_numba_attention``).
+LayerNorm and GELU; AdamW (``cpu_numba_adamw``), the embedding (``cpu_numba_embedding``) and
+flash-style attention (``cpu_numba_attention``) beside it.
 
 numba is a default dependency; where it is missing (no wheel for the platform, or
 uninstalled) importing this module raises ImportError, nothing is registered and the
@@ -34,9 +35,10 @@ from numba import prange
 from ..autograd import Op
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
 from . import register
-from .numba_math import exp32, jit
+from .numba_math import exp32, exp32_in_place, jit
 
 F32 = np.float32
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 FM = {"reassoc", "contract", "nsz"}  # reorderable sums, FMA; no nnan/ninf: inf/NaN propagate
 EXP_FM = {"contract"}  # exp32's range reduction must not be reassociated
 
@@ -125,12 +127,12 @@ class threads_for:
         return False
 
 
-def _run(kernel, size: int, *args) -> None:
+def run_kernel(kernel, size: int, *args) -> None:
     with threads_for(size):
         kernel(*args)
 
 
-def _contig(a):
+def contiguous(a):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
@@ -227,14 +229,14 @@ class NumbaSoftmax(Op):
 
     def forward(self, x, dim=-1):
         y = np.empty_like(x)
-        _run(_softmax_fwd, x.size, _rows(x), _rows(y))
+        run_kernel(_softmax_fwd, x.size, _rows(x), _rows(y))
         self.save(y)
         return y
 
     def backward(self, g):
         (y,) = self.saved
         gx = np.empty_like(y)
-        _run(_softmax_bwd, y.size, _rows(_contig(g)), _rows(y), _rows(gx))
+        run_kernel(_softmax_bwd, y.size, _rows(contiguous(g)), _rows(y), _rows(gx))
         return gx
 
 
@@ -244,37 +246,46 @@ class NumbaLogSoftmax(Op):
 
     def forward(self, x, dim=-1):
         y = np.empty_like(x)
-        _run(_log_softmax_fwd, x.size, _rows(x), _rows(y))
+        run_kernel(_log_softmax_fwd, x.size, _rows(x), _rows(y))
         self.save(y)
         return y
 
     def backward(self, g):
         (y,) = self.saved
         gx = np.empty_like(y)
-        _run(_log_softmax_bwd, y.size, _rows(_contig(g)), _rows(y), _rows(gx))
+        run_kernel(_log_softmax_bwd, y.size, _rows(contiguous(g)), _rows(y), _rows(gx))
         return gx
 
 
 # ----------------------------------------------------------------------------- cross-entropy
+CE_FLAT = 4096  # logits exponentiated per flat loop (rows of few classes share one)
 
 
 @jit(parallel=True, fastmath=EXP_FM)
 def _ce_fwd(x, t, loss, mx, ls_out, block):
-    """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0); keeps m and log Σe^(x-m)."""
+    """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0); keeps m and log Σe^(x-m).
+    Rows are exponentiated CE_FLAT elements at a time in one flat loop, which vectorises
+    where a row of a few classes would not (gpt-nano's 10: 17 against 9 µs)."""
     n, c = x.shape
+    rows = max(1, CE_FLAT // c)
     for b in prange((n + block - 1) // block):
-        e = np.empty(c, dtype=x.dtype)  # this block's scratch row for e^(x-m)
-        for i in range(b * block, min(n, (b + 1) * block)):
-            xi = x[i]
-            m = rmax(xi)
-            for j in range(c):
-                e[j] = exp32(xi[j] - m)
-            ls = math.log(np.float64(rsum(e)))
-            # m and log Σ kept apart (not m + log Σ): (x - m) - log Σ stays exact in
-            # backward for ±1e4 logits, all in float32
-            mx[i] = m
-            ls_out[i] = F32(ls)
-            loss[i] = F32(ls - (xi[t[i]] - m)) if t[i] >= 0 else F32(0)
+        e = np.empty(rows * c, dtype=x.dtype)  # this block's scratch rows for e^(x-m)
+        b1 = min(n, (b + 1) * block)
+        for r0 in range(b * block, b1, rows):
+            r1 = min(b1, r0 + rows)
+            for i in range(r0, r1):
+                xi, ei = x[i], e[(i - r0) * c : (i - r0 + 1) * c]
+                m = rmax(xi)
+                mx[i] = m
+                for j in range(c):
+                    ei[j] = xi[j] - m
+            exp32_in_place(e[: (r1 - r0) * c])
+            for i in range(r0, r1):
+                ls = math.log(np.float64(rsum(e[(i - r0) * c : (i - r0 + 1) * c])))
+                # m and log Σ kept apart (not m + log Σ): (x - m) - log Σ stays exact in
+                # backward for ±1e4 logits, all in float32
+                ls_out[i] = F32(ls)
+                loss[i] = F32(ls - (x[i, t[i]] - mx[i])) if t[i] >= 0 else F32(0)
 
 
 @jit(parallel=True, fastmath=EXP_FM)
@@ -321,7 +332,7 @@ class NumbaCrossEntropy(Op):
         check_classes(np, t, c)
         t32 = np.where(valid, t, -1).astype(np.int32)  # classes < 2^31; -1: ignored
         loss, mx, ls = np.empty(n, x.dtype), np.empty(n, x.dtype), np.empty(n, x.dtype)
-        _run(_ce_fwd, x.size, x, t32, loss, mx, ls, 8)
+        run_kernel(_ce_fwd, x.size, x, t32, loss, mx, ls, max(8, CE_FLAT // c))
         self.reduction = reduction
         self.save(x, t32, mx, ls)
         return reduce_losses(np, loss, valid, reduction)
@@ -330,7 +341,7 @@ class NumbaCrossEntropy(Op):
         x, t32, mx, ls = self.saved
         coef = loss_coef(g, t32 >= 0, self.reduction, x.dtype)
         gx = np.empty_like(x)
-        _run(_ce_bwd, x.size, x, np.maximum(t32, 0), mx, ls, coef, gx)
+        run_kernel(_ce_bwd, x.size, x, np.maximum(t32, 0), mx, ls, coef, gx)
         return gx, None
 
 
@@ -456,7 +467,7 @@ class NumbaLayerNorm(Op):
         x2 = x.reshape(-1, C)
         y = np.empty_like(x2)
         rstd = np.empty(x2.shape[0], x.dtype)
-        _run(_ln_fwd, x.size, x2, w1, b1, x.dtype.type(eps), y, rstd)
+        run_kernel(_ln_fwd, x.size, x2, w1, b1, x.dtype.type(eps), y, rstd)
         self.has_w, self.has_b, self.nd = w is not None, b is not None, nd
         self.save(x, rstd, w)
         return y.reshape(x.shape)
@@ -474,12 +485,12 @@ class NumbaLayerNorm(Op):
         parts = min(n, 16)  # fixed, not per thread: the same sums on any machine
         gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
         gx = np.empty_like(x2)
-        g2 = _contig(g).reshape(n, C)
+        g2 = contiguous(g).reshape(n, C)
         if gs is None:
-            _run(_ln_bwd, x.size, g2, x2, w1, rstd, gx, gw_part, gb_part)
+            run_kernel(_ln_bwd, x.size, g2, x2, w1, rstd, gx, gw_part, gb_part)
         else:
-            gs2 = _contig(gs).reshape(n, C)
-            _run(_add_ln_bwd, x.size, g2, x2, w1, rstd, gs2, gx, gw_part, gb_part)
+            gs2 = contiguous(gs).reshape(n, C)
+            run_kernel(_add_ln_bwd, x.size, g2, x2, w1, rstd, gs2, gx, gw_part, gb_part)
         wshape = x.shape[x.ndim - self.nd :]
         gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
         gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
@@ -508,7 +519,7 @@ class NumbaAddLayerNorm(NumbaLayerNorm):
         x2 = x.reshape(-1, C)
         s, y = np.empty_like(x2), np.empty_like(x2)
         rstd = np.empty(x2.shape[0], x.dtype)
-        _run(_add_ln_fwd, x.size, x2, a.reshape(-1, C), w1, b1, x.dtype.type(eps), s, y, rstd)
+        run_kernel(_add_ln_fwd, x.size, x2, a.reshape(-1, C), w1, b1, x.dtype.type(eps), s, y, rstd)
         s = s.reshape(x.shape)
         self.has_w, self.has_b, self.nd = w is not None, b is not None, nd
         self.save(s, rstd, w)
@@ -526,15 +537,15 @@ class NumbaAddLayerNorm(NumbaLayerNorm):
 _K = F32(SQRT_2_OVER_PI)
 _K3 = F32(3 * GELU_C)
 _GC = F32(GELU_C)
-_BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
+BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
 
 
 @jit(parallel=True, fastmath=EXP_FM)
 def _gelu_tanh_fwd(x, y):
     # 0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)): no cancellation at large negative x
     n = x.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
             xi = xb[i]
@@ -546,8 +557,8 @@ def _gelu_tanh_fwd(x, y):
 def _gelu_tanh_bwd(x, g, gx):
     # d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)
     n = x.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
             xi = xb[i]
@@ -593,8 +604,8 @@ def _phi(x):
 @jit(parallel=True, fastmath=EXP_FM)
 def _gelu_erf_fwd(x, y):
     n = x.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
             yb[i] = xb[i] * _phi(xb[i])
@@ -603,8 +614,8 @@ def _gelu_erf_fwd(x, y):
 @jit(parallel=True, fastmath=EXP_FM)
 def _gelu_erf_bwd(x, g, gx):
     n = x.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
             xi = xb[i]
@@ -624,7 +635,7 @@ class NumbaGelu(Op):
         self.approximate = approximate
         y = np.empty_like(x)
         kernel = _gelu_tanh_fwd if approximate == "tanh" else _gelu_erf_fwd
-        _run(kernel, x.size, x.reshape(-1), y.reshape(-1))
+        run_kernel(kernel, x.size, x.reshape(-1), y.reshape(-1))
         self.save(x)
         return y
 
@@ -632,60 +643,8 @@ class NumbaGelu(Op):
         (x,) = self.saved
         gx = np.empty_like(x)
         kernel = _gelu_tanh_bwd if self.approximate == "tanh" else _gelu_erf_bwd
-        _run(kernel, x.size, x.reshape(-1), _contig(g).reshape(-1), gx.reshape(-1))
+        run_kernel(kernel, x.size, x.reshape(-1), contiguous(g).reshape(-1), gx.reshape(-1))
         return gx
-
-
-# ----------------------------------------------------------------------------- AdamW
-
-
-@jit(parallel=True, fastmath=FM)
-def _adamw(x, g, m, v, decay, b1, c1, b2, c2, bc2, eps, step_size):
-    n = x.size
-    for b in prange((n + _BLOCK - 1) // _BLOCK):
-        lo, hi = b * _BLOCK, min(n, (b + 1) * _BLOCK)
-        xb, gb, mb, vb = x[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]  # (over views the loop vectorises)
-        for i in range(hi - lo):
-            gi = gb[i]
-            mi = mb[i] * b1 + c1 * gi
-            vi = vb[i] * b2 + c2 * (gi * gi)
-            mb[i] = mi
-            vb[i] = vi
-            xb[i] = xb[i] * decay - (mi / (np.sqrt(vi) / bc2 + eps)) * step_size
-
-
-# The same loop without the pool, for parameters below PARALLEL_MIN elements (most of a small
-# model's): one thread either way, but no thread count to set and restore around the call
-# (two numba.set_num_threads per parameter and step: 0.1 ms of gpt-nano's 5 ms step)
-_adamw_serial = jit(fastmath=FM)(_adamw.py_func)
-
-
-def _adamw_when(x, g, m, v, **kw):
-    arrays = [numpy_array(a) for a in (x, g, m, v)]
-    if any(a is None for a in arrays):
-        return False
-    return arrays[0].dtype in (np.float32, np.float64) and all(
-        a.dtype == arrays[0].dtype and a.shape == arrays[0].shape and a.flags.c_contiguous
-        for a in arrays
-    )
-
-
-# Registered since its loop vectorises (numba_math.jit's error model) and the pool runs
-# two threads from PARALLEL_MIN elements: against the chunked NumPy update, family 25
-# model 17 (Zen 4), 2 cores, 2.3k / 100k / 2M / 10M parameters: 9 / 50 / 544 / 4,491 µs
-# against 13 / 149 / 3,645 / 19,523 (benchmarks/kernels_ab.py times both). Before that the
-# chunked update was the faster (26.5 vs 40.1 ms for 10M on one numba thread).
-@register("adamw", "cpu", name="cpu.numba.adamw", when=_adamw_when)
-def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
-    """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
-    t = x.dtype.type
-    args = (x.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1))
-    args += (t(1 - lr * wd if wd else 1), t(b1), t(1 - b1), t(b2), t(1 - b2))
-    args += (t(math.sqrt(1 - b2**step)), t(eps), t(lr / (1 - b1**step)))
-    if x.size < PARALLEL_MIN:
-        _adamw_serial(*args)
-    else:
-        _run(_adamw, x.size, *args)
 
 
 _start_pool()

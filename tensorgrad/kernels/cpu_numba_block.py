@@ -16,7 +16,7 @@ from numba import prange
 
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI
 from .cpu_numba import EXP_FM, FM, rdot, rsum
-from .numba_math import exp32, jit
+from .numba_math import exp32, exp32_in_place, jit
 
 F32 = np.float32
 K = F32(SQRT_2_OVER_PI)
@@ -132,93 +132,76 @@ def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
 # head) matrix of a few rows, and its call costs more than the matrix. Each head's q, k, v
 # are row slices of the (N, 3C) projection (k at column C + h·hs, v at 2C + h·hs), so every
 # inner loop runs over hs contiguous floats and vectorises (a 2-D view per head would not:
-# numba types it 'A' and leaves its loops scalar).
+# numba types it 'A' and leaves its loops scalar). The forward keeps each head's (T, T)
+# probabilities (T <= 8: at most 64 floats a head, less than its q, k, v), so the backward
+# neither recomputes scores nor exponentiates; and it exponentiates a whole block of heads'
+# scores in one flat loop, masked entries at -inf, which vectorises where a row of a few
+# keys would run exp32 one score at a time. gpt-nano (192 heads of 16, T = 6), one thread,
+# family 26 model 2 (Zen 5), µs: forward 27 against 47 row by row, backward 47 against 95.
 
-
-@jit(fastmath=FM)
-def _head_scores(qkv, r, qo, r0, ko, hs, n, s, scale):
-    """s[j] = q_r · k_(r0 + j) · scale for j < n (q at column qo, k at ko)."""
-    qi = qkv[r, qo : qo + hs]
-    for j in range(n):
-        kj = qkv[r0 + j, ko : ko + hs]
-        acc = F32(0)
-        for d in range(hs):
-            acc += qi[d] * kj[d]
-        s[j] = acc * scale
-
-
-@jit(fastmath=EXP_FM)
-def _head_softmax(s, n):
-    """s[:n] <- e^(s - max) in place; returns (max, Σ e^(s - max))."""
-    m = s[0]
-    for j in range(1, n):
-        m = max(m, s[j])
-    tot = F32(0)
-    for j in range(n):
-        e = exp32(s[j] - m)
-        s[j] = e
-        tot += e
-    return m, tot
+SHORT_HEAD_BLOCKS = 16  # blocks of heads in the forward (each exponentiated in one loop)
 
 
 @jit(parallel=True, fastmath=FM)
-def short_attention_fwd(qkv, y, lse, T, nh, hs, scale):
-    """y (N, C) = causal softmax(q·kᵀ·scale)·v per head of qkv (N, 3C); lse (B·nh, T)."""
+def short_attention_fwd(qkv, y, probs, T, nh, hs, scale):
+    """y (N, C) = causal softmax(q·kᵀ·scale)·v per head of qkv (N, 3C); probs (B·nh, T·T)
+    <- each head's probabilities, row i's keys j > i zero."""
     C = nh * hs
-    for bh in prange(lse.shape[0]):
-        h, r0 = bh % nh, (bh // nh) * T
-        qo, ko, vo = h * hs, C + h * hs, 2 * C + h * hs
-        s, acc = np.empty(T, F32), np.empty(hs, F32)
-        for i in range(T):
-            n = i + 1
-            _head_scores(qkv, r0 + i, qo, r0, ko, hs, n, s, scale)
-            m, tot = _head_softmax(s, n)
-            for d in range(hs):
-                acc[d] = 0
-            for j in range(n):
-                pj, vj = s[j], qkv[r0 + j, vo : vo + hs]
+    nbh = probs.shape[0]
+    nblocks = min(nbh, SHORT_HEAD_BLOCKS)
+    for c in prange(nblocks):
+        b0, b1 = c * nbh // nblocks, (c + 1) * nbh // nblocks
+        s = probs[b0:b1].reshape(-1)
+        for bh in range(b0, b1):  # scores less their row's max; -inf above the diagonal
+            h, r0, base = bh % nh, (bh // nh) * T, (bh - b0) * T * T
+            qo, ko = h * hs, C + h * hs
+            for i in range(T):
+                qi, row = qkv[r0 + i, qo : qo + hs], s[base + i * T : base + (i + 1) * T]
+                m = F32(-np.inf)
+                for j in range(i + 1):
+                    row[j] = rdot(qi, qkv[r0 + j, ko : ko + hs]) * scale
+                    m = max(m, row[j])
+                for j in range(i + 1):
+                    row[j] -= m
+                for j in range(i + 1, T):
+                    row[j] = -np.inf
+        exp32_in_place(s)
+        for bh in range(b0, b1):  # normalise each row, then y_i = Σ_j p_ij·v_j
+            h, r0, base = bh % nh, (bh // nh) * T, (bh - b0) * T * T
+            qo, vo = h * hs, 2 * C + h * hs
+            for i in range(T):
+                row = s[base + i * T : base + i * T + i + 1]
+                inv = F32(1) / rsum(row)
+                for j in range(i + 1):
+                    row[j] *= inv
+                yi, v0 = y[r0 + i, qo : qo + hs], qkv[r0, vo : vo + hs]
                 for d in range(hs):
-                    acc[d] += pj * vj[d]
-            inv, yi = F32(1) / tot, y[r0 + i, qo : qo + hs]
-            for d in range(hs):
-                yi[d] = acc[d] * inv
-            lse[bh, i] = m + F32(np.log(tot))
-
-
-@jit(fastmath=EXP_FM)  # exp32 inside: no reassoc here (the dot is rdot's)
-def _head_bwd_row(qkv, g, dqkv, r, r0, qo, ko, vo, hs, n, s, dq, D, L, scale):
-    """One query's share: gv_j += p_j·g, gk_j += ds_j·q, dq = Σ ds_j·k_j over keys j < n,
-    p_j = e^(s_j - L) and ds_j = p_j·(g·v_j - D)·scale."""
-    qi, gi = qkv[r, qo : qo + hs], g[r, qo : qo + hs]
-    for d in range(hs):
-        dq[d] = 0
-    for j in range(n):
-        p = exp32(s[j] - L)
-        vj, kj = qkv[r0 + j, vo : vo + hs], qkv[r0 + j, ko : ko + hs]
-        gkj, gvj = dqkv[r0 + j, ko : ko + hs], dqkv[r0 + j, vo : vo + hs]
-        ds = p * (rdot(gi, vj) - D) * scale
-        for d in range(hs):
-            gvj[d] += p * gi[d]
-            dq[d] += ds * kj[d]
-            gkj[d] += ds * qi[d]
+                    yi[d] = row[0] * v0[d]
+                for j in range(1, i + 1):
+                    pj, vj = row[j], qkv[r0 + j, vo : vo + hs]
+                    for d in range(hs):
+                        yi[d] += pj * vj[d]
 
 
 @jit(parallel=True, fastmath=FM)
-def short_attention_bwd(qkv, y, g, lse, T, nh, hs, scale, dqkv):
-    """dqkv (N, 3C, zeros on entry) <- the gradients of q, k, v given g = ∂y (N, C)."""
+def short_attention_bwd(qkv, y, g, probs, T, nh, hs, scale, dqkv):
+    """dqkv (N, 3C, zeros on entry) <- the gradients of q, k, v given g = ∂y (N, C) and the
+    forward's probabilities: gv_j += p_ij·g_i, ds_ij = p_ij·(g_i·v_j - g_i·y_i)·scale,
+    gq_i += ds_ij·k_j, gk_j += ds_ij·q_i."""
     C = nh * hs
-    for bh in prange(lse.shape[0]):
-        h, r0 = bh % nh, (bh // nh) * T
+    for bh in prange(probs.shape[0]):
+        h, r0, p = bh % nh, (bh // nh) * T, probs[bh]
         qo, ko, vo = h * hs, C + h * hs, 2 * C + h * hs
-        s, dq = np.empty(T, F32), np.empty(hs, F32)
         for i in range(T):
             r = r0 + i
-            gi, oi = g[r, qo : qo + hs], y[r, qo : qo + hs]
-            D = F32(0)  # rowsum(g·o)
-            for d in range(hs):
-                D += gi[d] * oi[d]
-            _head_scores(qkv, r, qo, r0, ko, hs, i + 1, s, scale)
-            _head_bwd_row(qkv, g, dqkv, r, r0, qo, ko, vo, hs, i + 1, s, dq, D, lse[bh, i], scale)
-            gq = dqkv[r, qo : qo + hs]
-            for d in range(hs):
-                gq[d] = dq[d]
+            gi, qi, gq = g[r, qo : qo + hs], qkv[r, qo : qo + hs], dqkv[r, qo : qo + hs]
+            D = rdot(gi, y[r, qo : qo + hs])  # rowsum(g·o)
+            for j in range(i + 1):
+                pij = p[i * T + j]
+                vj, kj = qkv[r0 + j, vo : vo + hs], qkv[r0 + j, ko : ko + hs]
+                gkj, gvj = dqkv[r0 + j, ko : ko + hs], dqkv[r0 + j, vo : vo + hs]
+                ds = pij * (rdot(gi, vj) - D) * scale
+                for d in range(hs):
+                    gvj[d] += pij * gi[d]
+                    gq[d] += ds * kj[d]
+                    gkj[d] += ds * qi[d]

@@ -244,6 +244,10 @@ class Dropout(Op):
 # ----------------------------------------------------------------------------- lookup
 
 
+def embedding_range_error(lo: int, hi: int, rows: int) -> str:
+    return f"embedding: index {lo if lo < 0 else hi} is out of range for {rows} rows"
+
+
 class Embedding(Op):
     """Rows of w picked by integer ids; ∂L/∂w adds up g over repeated ids (kernels subclass
     it for a faster backward)."""
@@ -251,9 +255,9 @@ class Embedding(Op):
     op = "embedding"
 
     def forward(self, w, idx):
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= w.shape[0]):
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-            raise IndexError(f"embedding: index {bad} is out of range for {w.shape[0]} rows")
+        lo, hi = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
+        if lo < 0 or hi >= w.shape[0]:
+            raise IndexError(embedding_range_error(lo, hi, w.shape[0]))
         self.save(idx)
         self.wshape = w.shape
         return w[idx]

@@ -113,6 +113,13 @@ def adamw_update(
     x -= (m / (xp.sqrt(v) / math.sqrt(1 - b2**step) + eps)) * (lr / (1 - b1**step))
 
 
+def adamw_foreach(xs, gs, ms, vs, hyper) -> None:
+    """adamw_update of each (x, g, m, v) in turn, ``hyper`` its keywords: the reference of a
+    kernel that takes the whole list at once (torch.optim's ``foreach``)."""
+    for x, g, m, v, hp in zip(xs, gs, ms, vs, hyper):
+        adamw_update(x, g, m, v, **hp)
+
+
 class AdamW(Optimizer):
     """AdamW (decoupled weight decay) with torch-style param groups and torch's order of
     operations. Parameters without a gradient are skipped (their step does not advance)."""
@@ -146,32 +153,38 @@ class AdamW(Optimizer):
             raise ValueError(f"AdamW: invalid hyperparameters {dict(g, params='...')}")
 
     def step(self) -> None:
+        ps, xs, gs, ms, vs, hyper = [], [], [], [], [], []
         for group, p, g, x in self._updated():
-            xp = get_array_module(x)
             st = self.state.get(p)
             if st is None:
+                xp = get_array_module(x)
                 st = self.state[p] = {
                     "step": 0,
                     "exp_avg": xp.zeros_like(x),
                     "exp_avg_sq": xp.zeros_like(x),
                 }
             st["step"] += 1
-            m, v = st["exp_avg"], st["exp_avg_sq"]
             g, wd = self._decay(g, x, group["weight_decay"])
-            update = kernels.pick("adamw", device_of(x), x, g, m, v) or adamw_update
             b1, b2 = group["betas"]
-            update(
-                x,
-                g,
-                m,
-                v,
-                lr=group["lr"],
-                b1=b1,
-                b2=b2,
-                eps=group["eps"],
-                wd=wd,
-                step=st["step"],
+            ps.append(p)
+            xs.append(x)
+            gs.append(g)
+            ms.append(st["exp_avg"])
+            vs.append(st["exp_avg_sq"])
+            hyper.append(
+                dict(lr=group["lr"], b1=b1, b2=b2, eps=group["eps"], wd=wd, step=st["step"])
             )
+        if not ps:
+            return
+        # all at once where a kernel takes the list (torch's foreach), else one by one
+        foreach = kernels.pick("adamw_foreach", device_of(xs[0]), xs, gs, ms, vs, hyper)
+        if foreach is not None:
+            foreach(xs, gs, ms, vs, hyper)
+        else:
+            for x, g, m, v, hp in zip(xs, gs, ms, vs, hyper):
+                update = kernels.pick("adamw", device_of(x), x, g, m, v) or adamw_update
+                update(x, g, m, v, **hp)
+        for p in ps:
             self._bump(p)
 
     @staticmethod
