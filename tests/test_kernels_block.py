@@ -20,9 +20,10 @@ from tensorgrad.kernels.cpu_gpt2_block import GPT2_BLOCK_PARAMS
 
 BLOCK = [k for k in kernels.registered("gpt2_block", "cpu")]
 # (B, T, C, n_head): tiny, odd sizes, three heads, T over one query strip (several strips);
-# T <= SHORT_T (8) runs the attention head by head: one position, gpt-nano's heads of 16
+# T <= SHORT_T (8) runs the attention head by head: one position, gpt-nano's heads of 16;
+# T <= 2·head size in one strip keeps the forward's probabilities: (2, 12, 32, 2)
 SHAPES = [(2, 5, 8, 2), (3, 1, 8, 2), (4, 8, 48, 3), (3, 17, 32, 4), (1, 70, 48, 3)]
-SHAPES += [(2, 300, 16, 1)]
+SHAPES += [(2, 300, 16, 1), (2, 12, 32, 2)]
 
 
 def block_arrays(B, T, C, dtype=np.float32, seed=0):
@@ -94,18 +95,22 @@ def test_block_kernel_matches_the_composition(kernel, shape):
         )
 
 
-def test_the_block_keeps_no_gelu_output_for_its_backward():
+@pytest.mark.parametrize("nh", [4, 2])
+def test_the_block_keeps_no_gelu_output_for_its_backward(nh):
     """What the block holds until its backward, per row of C: h1, qkv (3C), y, x1, h2 and f
     (4C), 11·C floats, plus the row statistics. GELU(f) (another 4·C) is recomputed in the
-    backward's GELU pass: at gpt2-124M, T = 1024, that is 151 MB less at the peak."""
-    B, T, C, nh = 2, 9, 16, 2
+    backward's GELU pass: at gpt2-124M, T = 1024, that is 151 MB less at the peak. The
+    attention keeps a logsumexp per query, or its (T, T) probabilities per head where they
+    are at most twice its output (T <= 2·head size, one strip: 2 heads of 8 here)."""
+    B, T, C = 2, 9, 16
     x, params = block_arrays(B, T, C)
     (kernel,) = BLOCK
     xt = tg.tensor(x, requires_grad=True)
     out = kernel.impl.apply(xt, *[tg.tensor(p, requires_grad=True) for p in params], n_head=nh)
     held = sum(a.size for a in out._node.acts)
     rows = B * T
-    assert held == rows * 11 * C + 4 * rows + B * nh * T, held  # (m1, r1, m2, r2; lse)
+    attention = B * nh * T * (T if T <= 2 * C // nh else 1)  # probabilities, or lse
+    assert held == rows * 11 * C + 4 * rows + attention, held  # (m1, r1, m2, r2)
 
 
 @pytest.mark.parametrize("case", ["float64", "no_biases", "erf_gelu", "odd_heads"])

@@ -91,46 +91,55 @@ def _heads(a, B, T, nh, hs, parts: int):
 
 
 def attention_stats(shape):
-    """What the attention keeps for backward: (B·nh, T) logsumexps, (B·nh, T·T) probabilities
-    up to SHORT_T positions."""
+    """What the attention keeps for backward: the (B·nh, T·T) probabilities up to SHORT_T
+    positions, or where one query strip holds them all and they take at most twice the
+    block's output (nh·T <= 2C: char-small), else (B·nh, T) logsumexps, from which the
+    backward recomputes them strip by strip."""
     B, T, nh, hs = shape
-    return np.empty((B * nh, T * T if T <= SHORT_T else T), F32)
+    keep = T <= SHORT_T or (T <= 2 * hs and len(strips(B * nh, T, T)) == 1)
+    return np.empty((B * nh, T * T if keep else T), F32)
 
 
-def attention_fwd(qkv, y, lse, shape, scale):
-    """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C);
-    lse (B·nh, T) the logsumexp per query, or up to SHORT_T positions (B·nh, T·T) the
-    probabilities (:func:`attention_stats`)."""
+def attention_fwd(qkv, y, stats, shape, scale):
+    """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C); stats
+    (:func:`attention_stats`) <- the probabilities or the logsumexp per query."""
     B, T, nh, hs = shape
     if T <= SHORT_T:
-        short_attention_fwd(qkv, y, lse, T, nh, hs, scale)
+        short_attention_fwd(qkv, y, stats, T, nh, hs, scale)
         return
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     (o,) = _heads(y, B, T, nh, hs, 1)
     BH = B * nh
+    kept = stats.shape[1] == T * T  # (one strip): its scores become the kept probabilities
+    lse = np.empty((BH, T), F32) if kept else stats
     for i0, i1 in strips(BH, T, T):
-        p = np.matmul(q[:, :, i0:i1], k[:, :, :i1].transpose(0, 1, 3, 2))  # (B, nh, r, i1)
+        out = stats.reshape(B, nh, T, T) if kept else None
+        p = np.matmul(q[:, :, i0:i1], k[:, :, :i1].transpose(0, 1, 3, 2), out=out)  # (B, nh, r, i1)
         PROBS[0](p.reshape(BH, i1 - i0, i1), scale, i0, 0, True, lse[:, i0:i1])
         np.matmul(p, v[:, :, :i1], out=o[:, :, i0:i1])
 
 
-def attention_bwd(qkv, y, dy, lse, shape, scale, dqkv):
+def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
     """dqkv (B·T, 3C, zeros on entry) <- the gradients of q, k, v given dy (B·T, C)."""
     B, T, nh, hs = shape
     if T <= SHORT_T:
-        short_attention_bwd(qkv, y, dy, lse, T, nh, hs, scale, dqkv)
+        short_attention_bwd(qkv, y, dy, stats, T, nh, hs, scale, dqkv)
         return
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     gq, gk, gv = _heads(dqkv, B, T, nh, hs, 3)
     (o,) = _heads(y, B, T, nh, hs, 1)
     (g,) = _heads(dy, B, T, nh, hs, 1)
     BH = B * nh
+    kept = stats.shape[1] == T * T
     d = np.einsum("bhtd,bhtd->bht", g, o).reshape(BH, T)  # rowsum(g·o) per query
     for i0, i1 in strips(BH, T, T):
         qs, gs, ks, vs = q[:, :, i0:i1], g[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1]
-        p = np.matmul(qs, ks.transpose(0, 1, 3, 2))  # (B, nh, r, i1)
+        if kept:  # the forward's probabilities (one strip, all of them)
+            p = stats.reshape(B, nh, T, T)
+        else:
+            p = np.matmul(qs, ks.transpose(0, 1, 3, 2))  # (B, nh, r, i1)
+            PROBS_AGAIN[0](p.reshape(BH, i1 - i0, i1), scale, i0, 0, True, stats[:, i0:i1])
         p3 = p.reshape(BH, i1 - i0, i1)
-        PROBS_AGAIN[0](p3, scale, i0, 0, True, lse[:, i0:i1])
         gv[:, :, :i1] += np.matmul(p.transpose(0, 1, 3, 2), gs)
         dp = np.matmul(gs, vs.transpose(0, 1, 3, 2))
         DSCORES[0](p3, dp.reshape(p3.shape), d[:, i0:i1], scale)
