@@ -24,19 +24,19 @@ K3 = F32(3 * GELU_C)
 GC = F32(GELU_C)
 
 
-@jit(fastmath=FM)
+@jit(fastmath=FM, inline="always")  # (a call per row cost more than the row: 9.5 -> 6.8 µs)
 def ln_row(xi, w, b, eps, yi):
     """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
     c = xi.size
-    mean = rsum(xi) / c
+    mean = F32(rsum(xi) / c)  # float32 (an int divisor promotes: float64 loops, half as wide)
     var = F32(0)
     for j in range(c):  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
         d = xi[j] - mean
         var += d * d
-    r = F32(1) / np.sqrt(F32(var / c) + eps)
+    r = F32(1) / np.sqrt(var / F32(c) + eps)
     for j in range(c):
         yi[j] = (xi[j] - mean) * r * w[j] + b[j]
-    return F32(mean), r
+    return mean, r
 
 
 @jit(parallel=True, fastmath=FM)
