@@ -173,7 +173,7 @@ class NumbaGPT2Block(Op):
         attention_fwd(qkv, y, lse, shape, scale)
         x1 = np.matmul(y, pw.T)  # (N, C): the projection, then the residual stream in place
         h2, m2, r2 = np.empty((N, C), F32), np.empty(N, F32), np.empty(N, F32)
-        residual_ln_fwd(x2, x1, pb, l2w, l2b, e, x1, h2, m2, r2)
+        residual_ln_fwd(x2, x1, pb, l2w, l2b, e, h2, m2, r2)
         f = np.matmul(h2, fw.T)  # (N, 4C)
         a = np.empty_like(f)
         bias_gelu_fwd(f, fb, a)
@@ -208,15 +208,15 @@ class NumbaGPT2Block(Op):
         del a
         gfw, dh2 = np.matmul(df.T, h2), np.matmul(df, fw)
         del df
-        dx1, gl2w, gl2b = np.empty((N, C), F32), np.zeros((P, C), F32), np.zeros((P, C), F32)
-        ln_bwd_residual(dh2, x1, l2w, m2, r2, g2, dx1, gl2w, gl2b)
+        dx1, gl2w, gl2b = g2.copy(), np.zeros((P, C), F32), np.zeros((P, C), F32)
+        ln_bwd_residual(dh2, x1, l2w, m2, r2, dx1, gl2w, gl2b)
         # attention: x1 = x + y·Wpᵀ + bp
         gpb, gpw, dy = dx1.sum(axis=0), np.matmul(dx1.T, y), np.matmul(dx1, pw)
         dqkv = np.zeros((N, 3 * C), F32)
         attention_bwd(qkv, y, dy, lse, self.shape, self.scale, dqkv)
         gab, gaw, dh1 = dqkv.sum(axis=0), np.matmul(dqkv.T, h1), np.matmul(dqkv, aw)
         gl1w, gl1b = np.zeros((P, C), F32), np.zeros((P, C), F32)
-        ln_bwd_residual(dh1, x.reshape(N, C), l1w, m1, r1, dx1, dx1, gl1w, gl1b)
+        ln_bwd_residual(dh1, x.reshape(N, C), l1w, m1, r1, dx1, gl1w, gl1b)
         return (
             dx1.reshape(x.shape),
             *(_sums(gl1w), _sums(gl1b), gaw, gab, gpw, gpb),

@@ -47,13 +47,15 @@ def ln_fwd(x, w, b, eps, y, mean, rstd):
 
 
 @jit(parallel=True, fastmath=FM)
-def residual_ln_fwd(x, a, bias, w, b, eps, s, y, mean, rstd):
-    """s = x + a + bias (the residual stream after a sublayer), y = LayerNorm(s); s may be a."""
+def residual_ln_fwd(x, s, bias, w, b, eps, y, mean, rstd):
+    """s += x + bias in place (s, a sublayer's output, becomes the residual stream after it),
+    y = LayerNorm(s). (In place through one array: an out that may alias an input keeps the
+    loop scalar, LLVM's overlap check failing at run time.)"""
     n, c = x.shape
     for i in prange(n):
-        si = s[i]
+        si, xi = s[i], x[i]
         for j in range(c):
-            si[j] = x[i, j] + a[i, j] + bias[j]
+            si[j] += xi[j] + bias[j]
         mean[i], rstd[i] = ln_row(si, w, b, eps, y[i])
 
 
@@ -102,15 +104,17 @@ def gelu_bwd_bias(f, d, a, parts):
 
 
 @jit(parallel=True, fastmath=FM)
-def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
-    """dx = resid + ∂LayerNorm(x)/∂x · dy per row (resid may be dx: accumulate in place);
-    gw_parts / gb_parts[p] += Σ dy·x̂ and Σ dy over block p's rows."""
+def ln_bwd_residual(dy, x, w, mean, rstd, dx, gw_parts, gb_parts):
+    """dx += ∂LayerNorm(x)/∂x · dy per row (dx holds the residual stream's gradient on entry:
+    in place through one array, as residual_ln_fwd); gw_parts / gb_parts[p] += Σ dy·x̂ and
+    Σ dy over block p's rows. (With a separate residual input that may alias dx the loop
+    ran scalar: 24.6 against 10.0 µs on gpt-nano's rows.)"""
     n, c = x.shape
     P = gw_parts.shape[0]
     for p in prange(P):
         gwp, gbp = gw_parts[p], gb_parts[p]
         for i in range(p * n // P, (p + 1) * n // P):
-            xi, gi, m, r = x[i], dy[i], mean[i], rstd[i]
+            xi, gi, di, m, r = x[i], dy[i], dx[i], mean[i], rstd[i]
             s1 = F32(0)  # Σ ĝ, ĝ = dy·w
             s2 = F32(0)  # Σ ĝ·(x - mean)
             for j in range(c):
@@ -121,7 +125,7 @@ def ln_bwd_residual(dy, x, w, mean, rstd, resid, dx, gw_parts, gb_parts):
             k = F32(s2 * r / c)  # mean(ĝ·x̂)
             for j in range(c):
                 xh = (xi[j] - m) * r
-                dx[i, j] = resid[i, j] + (gi[j] * w[j] - a - xh * k) * r
+                di[j] += (gi[j] * w[j] - a - xh * k) * r
                 gwp[j] += gi[j] * xh
                 gbp[j] += gi[j]
 
