@@ -229,7 +229,7 @@ def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
 class NumbaFlashAttention(Op):
     """softmax(q·kᵀ·scale [causal])·v for float32 q (..., L, E), k (..., S, E) and v
     (..., S, Ev) with S > Ev, without a mask or dropout; saves q, k, v, o and the logsumexp
-    per query, never the scores."""
+    per query, or the probabilities where S <= 2·Ev and one strip holds them."""
 
     def forward(self, q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
         L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
@@ -240,6 +240,10 @@ class NumbaFlashAttention(Op):
         causal, off = self.causal, self.off = bool(is_causal), S - L  # bottom-right aligned
         o = np.empty((BH, L, Ev), F32)
         lse = np.empty((BH, L), F32)
+        # the probabilities are kept where one strip holds them (every query sees every key:
+        # n = S) and they take at most twice o (S <= 2·Ev), so the backward skips q·kᵀ and
+        # the softmax again; else the logsumexp, from which it recomputes them
+        kept = np.empty((BH, L, S), F32) if S <= 2 * Ev and strips(BH, L, S) == [(0, L)] else None
 
         def heads(h0, h1, serial):
             for i0, i1 in strips(h1 - h0, L, S):
@@ -248,25 +252,33 @@ class NumbaFlashAttention(Op):
                     o[h0:h1, i0:i1] = 0
                     lse[h0:h1, i0:i1] = -np.inf
                     continue
-                p = np.matmul(q3[h0:h1, i0:i1], k3[h0:h1, :n].transpose(0, 2, 1))  # (h, r, n)
-                PROBS[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])
+                out = kept[h0:h1] if kept is not None and n == S else None
+                p = np.matmul(q3[h0:h1, i0:i1], k3[h0:h1, :n].transpose(0, 2, 1), out=out)
+                PROBS[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])  # p: (h, r, n)
                 np.matmul(p, v3[h0:h1, :n], out=o[h0:h1, i0:i1])
 
         _by_heads(heads, BH, BH * L * S)
         o = o.reshape(*lead, L, Ev)
-        self.save(q, k, v, o, lse)
+        if kept is None:
+            self.save(q, k, v, o, lse)
+        else:  # (o is not kept: rowsum(g·o) = rowsum(p·(g·vᵀ)), from the backward's g·vᵀ)
+            self.save(q, k, v, kept)
         return o
 
     def backward(self, g):
-        q, k, v, o, lse = self.saved
+        if len(self.saved) == 4:  # the forward's probabilities (see forward)
+            (q, k, v, kept), o, lse = self.saved, None, None
+        else:
+            (q, k, v, o, lse), kept = self.saved, None
         L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
         BH = math.prod(q.shape[:-2])
         q3, k3, v3 = q.reshape(BH, L, E), k.reshape(BH, S, E), v.reshape(BH, S, Ev)
         g3 = np.ascontiguousarray(g).reshape(BH, L, Ev)
         sc, causal, off = self.scale, self.causal, self.off
-        d = np.empty((BH, L), F32)
-        with threads_for(g3.size):
-            _rowdot(g3, o.reshape(BH, L, Ev), d)
+        d = np.empty((BH, L), F32)  # rowsum(g·o) per query
+        if kept is None:
+            with threads_for(g3.size):
+                _rowdot(g3, o.reshape(BH, L, Ev), d)
         gq = np.empty_like(q3)
         gk, gv = np.zeros_like(k3), np.zeros_like(v3)
 
@@ -277,10 +289,15 @@ class NumbaFlashAttention(Op):
                     gq[h0:h1, i0:i1] = 0
                     continue
                 qs, gs, ks, vs = q3[h0:h1, i0:i1], g3[h0:h1, i0:i1], k3[h0:h1, :n], v3[h0:h1, :n]
-                p = np.matmul(qs, ks.transpose(0, 2, 1))
-                PROBS_AGAIN[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])
+                if kept is not None:  # (one strip, every key)
+                    p = kept[h0:h1]
+                else:
+                    p = np.matmul(qs, ks.transpose(0, 2, 1))
+                    PROBS_AGAIN[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])
                 gv[h0:h1, :n] += np.matmul(p.transpose(0, 2, 1), gs)
                 dp = np.matmul(gs, vs.transpose(0, 2, 1))
+                if kept is not None:
+                    np.einsum("hij,hij->hi", p, dp, out=d[h0:h1, i0:i1])
                 DSCORES[serial](p, dp, d[h0:h1, i0:i1], sc)
                 np.matmul(dp, ks, out=gq[h0:h1, i0:i1])
                 gk[h0:h1, :n] += np.matmul(dp.transpose(0, 2, 1), qs)
