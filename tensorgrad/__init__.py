@@ -72,7 +72,7 @@ from .tensor_functions import __all__ as _functions_all
 from .types import as_dtype, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
-    from .kernels import (  # noqa: F401  (register)  # noqa: F401
+    from .kernels import (  # noqa: F401  (imported to register their kernels)
         cpu_gpt2_block,
         cpu_numba,
         cpu_numba_adamw,

@@ -16,9 +16,9 @@ NumPy inputs with every parameter present. Per block:
               the numba pass that already reads its rows, residual gradients added there too.
 
 The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
-probabilities recomputed in backward from the logsumexp; up to SHORT_T positions, numba
-loops per head instead, whose strips would be GEMMs of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the
-(B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
+probabilities kept by its rule or recomputed in backward from the logsumexp; up to SHORT_T
+positions, numba loops per head instead, whose strips would be GEMMs of a few rows, keeping
+the probabilities), on (B, nh, T, hs) views of the (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
 with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
 the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
 beside its derivative (the same exp), so each block holds 4·C floats per row less until its
@@ -40,7 +40,7 @@ from ..autograd import Op
 from ..tensor import Tensor
 from . import register
 from .cpu_numba import numpy_array, threads_for
-from .cpu_numba_attention import DSCORES, PROBS, PROBS_AGAIN, strips
+from .cpu_numba_attention import DSCORES, PROBS, PROBS_AGAIN, keeps_probs, strips
 from .cpu_numba_block import (
     bias_gelu_fwd,
     gelu_bwd_bias,
@@ -92,11 +92,11 @@ def _heads(a, B, T, nh, hs, parts: int):
 
 def attention_stats(shape):
     """What the attention keeps for backward: the (B·nh, T·T) probabilities up to SHORT_T
-    positions, or where one query strip holds them all and they take at most twice the
-    block's output (nh·T <= 2C: char-small), else (B·nh, T) logsumexps, from which the
-    backward recomputes them strip by strip."""
+    positions or where the flash kernel would keep them (``keeps_probs``: one strip, T <= 2
+    × head size, as at char-small), else (B·nh, T) logsumexps, from which the backward
+    recomputes them strip by strip."""
     B, T, nh, hs = shape
-    keep = T <= SHORT_T or (T <= 2 * hs and len(strips(B * nh, T, T)) == 1)
+    keep = T <= SHORT_T or keeps_probs(B * nh, T, T, hs)
     return np.empty((B * nh, T * T if keep else T), F32)
 
 

@@ -154,6 +154,13 @@ PROBS_AGAIN = (_probs_again_par, _probs_again_ser)
 DSCORES = (_dscores_par, _dscores_ser)
 
 
+def keeps_probs(BH: int, L: int, S: int, Ev: int) -> bool:
+    """Whether the backward reads the forward's probabilities rather than recomputing them:
+    where one query strip holds them all (every query sees every key) and they take at most
+    twice the output (S <= 2·Ev). Both this kernel and the fused block ask it."""
+    return S <= 2 * Ev and strips(BH, L, S) == [(0, L)]
+
+
 def strips(BH: int, L: int, S: int):
     """Query strips [i0, i1) of at most STRIP_BYTES of scores each: a power of two of 16 to
     256 rows (more rows waste more of the causal triangle, fewer make thin GEMMs)."""
@@ -240,10 +247,9 @@ class NumbaFlashAttention(Op):
         causal, off = self.causal, self.off = bool(is_causal), S - L  # bottom-right aligned
         o = np.empty((BH, L, Ev), F32)
         lse = np.empty((BH, L), F32)
-        # the probabilities are kept where one strip holds them (every query sees every key:
-        # n = S) and they take at most twice o (S <= 2·Ev), so the backward skips q·kᵀ and
-        # the softmax again; else the logsumexp, from which it recomputes them
-        kept = np.empty((BH, L, S), F32) if S <= 2 * Ev and strips(BH, L, S) == [(0, L)] else None
+        # the probabilities where keeps_probs (the backward then skips q·kᵀ and the softmax
+        # again), else the logsumexp, from which it recomputes them
+        kept = np.empty((BH, L, S), F32) if keeps_probs(BH, L, S, Ev) else None
 
         def heads(h0, h1, serial):
             for i0, i1 in strips(h1 - h0, L, S):
@@ -252,7 +258,7 @@ class NumbaFlashAttention(Op):
                     o[h0:h1, i0:i1] = 0
                     lse[h0:h1, i0:i1] = -np.inf
                     continue
-                out = kept[h0:h1] if kept is not None and n == S else None
+                out = None if kept is None else kept[h0:h1]  # (one strip: n = S)
                 p = np.matmul(q3[h0:h1, i0:i1], k3[h0:h1, :n].transpose(0, 2, 1), out=out)
                 PROBS[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])  # p: (h, r, n)
                 np.matmul(p, v3[h0:h1, :n], out=o[h0:h1, i0:i1])
