@@ -30,7 +30,7 @@ from tensorgrad import kernels
 from tensorgrad.kernels import cpu_numba as K
 from tensorgrad.kernels import cpu_numba_adamw as KW
 from tensorgrad.kernels import cpu_numba_attention as KA
-from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array
+from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array, rmax
 from tensorgrad.ops import nn as R
 from tensorgrad.optim import adamw_update
 
@@ -148,6 +148,23 @@ def test_exp32_special_values():
     assert got[0] == np.inf and got[1] == 0 and np.isnan(got[2]) and got[3] == np.inf
     assert got[4] == np.inf and got[5] == 0 and got[6] == 0
     assert got[7] < 1.2e-38  # flushed (NumPy: a subnormal)
+
+
+@given(
+    st.lists(
+        st.floats(width=32) | st.sampled_from([0.0, -0.0, np.inf, -np.inf, 3e38, -3e38, 1e-45]),
+        max_size=40,
+    )
+)
+def test_rmax_is_max_through_bits(v):
+    x = np.array(v, np.float32)
+    got = rmax(x)
+    if np.isnan(x).any():  # a NaN is either returned or skipped; the row's sum carries it
+        assert np.isnan(got) or got == np.max(x[~np.isnan(x)], initial=-np.inf)
+        return
+    assert got == np.max(x, initial=-np.inf)
+    if got == 0:  # +0 where x holds one, else -0
+        assert np.signbit(got) == (not ((x == 0) & ~np.signbit(x)).any())
 
 
 # ----------------------------------------------------------------------------- softmax family

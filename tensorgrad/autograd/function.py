@@ -64,7 +64,7 @@ class FunctionCtx:
                     "saved_tensors: the graph was freed by a backward; pass retain_graph=True "
                     "to it to backward again"
                 )
-            check_versions(node, [s for s in self._saved if s is not None])
+            check_versions(node, [(t._version, v, t.shape) for t, v in filter(None, self._saved)])
         return tuple(None if s is None else node_view(node, s[0]) for s in self._saved)
 
     def mark_non_differentiable(self, *outputs) -> None:

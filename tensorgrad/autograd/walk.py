@@ -77,7 +77,7 @@ def deliver(grads: dict, edge, g) -> None:
 def release(fn: Op) -> None:
     """Free what fn saved for its backward (a second backward through it raises)."""
     fn.__dict__.clear()
-    fn.checks, fn.released = (), True  # checks hold the saved output tensors, and their arrays
+    fn.checks, fn.released = (), True
 
 
 # ----------------------------------------------------------------------------- a node's backward

@@ -13,7 +13,8 @@ most 1.5 ulp of the float32 result where e^x is a normal float32; 0 below x = -8
 The function must be compiled without ``reassoc`` fast-math: reassociation would fold
 the two-step reduction back into one and lose the low bits of r.
 
-Also here: :func:`jit`, numba's ``njit`` as every CPU kernel compiles, with NumPy's error
+Also here: :func:`rmax`, a float32 row's maximum as a vectorised integer reduction, and
+:func:`jit`, numba's ``njit`` as every CPU kernel compiles, with NumPy's error
 model (see its docstring: it is what lets LLVM vectorise a loop that divides).
 
 Imports: llvmlite, math, numba, numpy.
@@ -36,6 +37,17 @@ def _bits_f32(typingctx, i):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _i32_bits(typingctx, x):
+    """The int32 whose bit pattern is the float32 x (a register move, no memory)."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
 
     return sig, codegen
 
@@ -117,3 +129,22 @@ def exp32_array(x, out):
     """out = exp32(x) elementwise over flat float32 arrays (for tests and benchmarks)."""
     for i in range(x.size):
         out[i] = exp32(x[i])
+
+
+_SIGNLESS = np.int32(0x7FFFFFFF)
+_KEY_NEG_INF = np.int32(-0x7F800001)  # the ordered key of -inf (0xFF800000 ^ 0x7FFFFFFF)
+
+
+@jit()
+def rmax(a):
+    """The maximum of a float32 array (-inf for an empty one), through the bits: x's int32
+    bits b, with b ^ 0x7FFFFFFF where b < 0, order as x does (-0 just below +0). LLVM
+    vectorises that integer max but not a float one: a (12288, 256) row max took 0.45 ms
+    on one thread with four float maxima, 0.14 ms this way (Zen 5). A positive NaN is
+    returned (its key is above +inf's), a negative one skipped; either way the NaN
+    reaches the row's sum, and so its output, as in the reference."""
+    m = _KEY_NEG_INF
+    for j in range(a.size):
+        b = _i32_bits(a[j])
+        m = max(m, b ^ ((b >> 31) & _SIGNLESS))
+    return _bits_f32(m ^ ((m >> 31) & _SIGNLESS))
