@@ -30,7 +30,13 @@ from tensorgrad import kernels
 from tensorgrad.kernels import cpu_numba as K
 from tensorgrad.kernels import cpu_numba_adamw as KW
 from tensorgrad.kernels import cpu_numba_attention as KA
-from tensorgrad.kernels.numba_math import EXP_LO, EXP_ULP, exp32_array, rmax
+from tensorgrad.kernels.numba_math import (
+    EXP_LO,
+    EXP_ULP,
+    exp32_array,
+    exp32_nonpos_array,
+    rmax,
+)
 from tensorgrad.ops import nn as R
 from tensorgrad.optim import adamw_update
 
@@ -139,6 +145,18 @@ def test_exp32_ulp_bound():
     ulp = np.abs(got - want) / np.spacing(want.astype(np.float32)).astype(np.float64)
     k = int(np.argmax(ulp))
     assert ulp[k] <= EXP_ULP, f"exp32({x[k]!r}) = {got[k]!r}, exact {want[k]!r}: {ulp[k]} ulp"
+
+
+def test_exp32_nonpos_is_exp32_bit_for_bit_where_x_is_not_positive():
+    g = np.random.default_rng(1)
+    x = np.concatenate(
+        [-g.exponential(8.0, 1_000_000), [0.0, -0.0, -1e-30, EXP_LO, -87.34, -88, -1e4, -np.inf]]
+    ).astype(np.float32)
+    x = np.append(x, np.float32(np.nan))
+    want, got = np.empty_like(x), np.empty_like(x)
+    exp32_array(x, want)
+    exp32_nonpos_array(x, got)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
 def test_exp32_special_values():

@@ -35,7 +35,7 @@ from numba import prange
 from ..autograd import Op
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
 from . import register
-from .numba_math import exp32, exp32_in_place, jit, rmax
+from .numba_math import exp32, exp32_in_place, exp32_nonpos, jit, rmax
 
 F32 = np.float32
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -166,7 +166,7 @@ def _softmax_fwd(x, y):
         xi, yi = x[i], y[i]
         m = rmax(xi)
         for j in range(xi.size):
-            yi[j] = exp32(xi[j] - m)
+            yi[j] = exp32_nonpos(xi[j] - m)
         r = F32(1) / rsum(yi)
         for j in range(xi.size):
             yi[j] *= r
@@ -187,7 +187,7 @@ def _log_softmax_fwd(x, y):
         xi, yi = x[i], y[i]
         m = rmax(xi)
         for j in range(xi.size):
-            yi[j] = exp32(xi[j] - m)
+            yi[j] = exp32_nonpos(xi[j] - m)
         ls = F32(math.log(rsum(yi)))
         for j in range(xi.size):
             yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
@@ -199,7 +199,7 @@ def _log_softmax_bwd(g, y, gx):
         gi, yi, o = g[i], y[i], gx[i]
         sg = rsum(gi)
         for j in range(gi.size):
-            o[j] = gi[j] - exp32(yi[j]) * sg
+            o[j] = gi[j] - exp32_nonpos(yi[j]) * sg
 
 
 def _softmax_when(x, dim=-1):
@@ -286,7 +286,7 @@ def _ce_bwd(x, t, mx, ls, coef, gx):
         else:
             mi, li = mx[i], ls[i]
             for j in range(c):
-                gx[i, j] = k * exp32(F32(x[i, j] - mi) - li)
+                gx[i, j] = k * exp32_nonpos(F32(x[i, j] - mi) - li)
             gx[i, t[i]] -= k
 
 
@@ -604,7 +604,7 @@ def _gelu_erf_bwd(x, g, gx):
         xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
             xi = xb[i]
-            gxb[i] = gb[i] * (_phi(xi) + xi * _R2PI * exp32(F32(-0.5) * xi * xi))
+            gxb[i] = gb[i] * (_phi(xi) + xi * _R2PI * exp32_nonpos(F32(-0.5) * xi * xi))
 
 
 @register(

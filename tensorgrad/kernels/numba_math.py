@@ -115,6 +115,23 @@ def exp32(x):
     return y
 
 
+@jit(inline="always", fastmath={"contract"})
+def exp32_nonpos(x):
+    """exp32(x) for x <= 0 or NaN (a score minus its row's max, a log-probability), bit for
+    bit: no upper clamp, and 2^n in one factor, as n >= -126. Fewer instructions in a loop
+    bound by them: a (12288, 256) softmax forward 0.67 -> 0.60 ms on two threads (Zen 5)."""
+    xc = max(x, EXP_LO)
+    n = _rint32(xc * _LOG2E)
+    r = (xc - n * _C1) - n * _C2
+    p = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
+    y = (p * (r * r) + r + F32(1)) * _bits_f32((np.int32(n) + 127) << 23)
+    if x < EXP_LO:
+        y = F32(0)
+    if math.isnan(x):
+        y = x
+    return y
+
+
 @jit(fastmath={"contract"})
 def exp32_in_place(s):
     """s <- exp32(s) over a flat float32 array. (One array: exp32_array with out aliasing x
@@ -129,6 +146,13 @@ def exp32_array(x, out):
     """out = exp32(x) elementwise over flat float32 arrays (for tests and benchmarks)."""
     for i in range(x.size):
         out[i] = exp32(x[i])
+
+
+@jit(fastmath={"contract"})
+def exp32_nonpos_array(x, out):
+    """out = exp32_nonpos(x) elementwise (for tests)."""
+    for i in range(x.size):
+        out[i] = exp32_nonpos(x[i])
 
 
 _SIGNLESS = np.int32(0x7FFFFFFF)
