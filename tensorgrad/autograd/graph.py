@@ -314,7 +314,8 @@ def _guard_saved(fn: Op, inputs, results, arrays) -> tuple:
 
     checks: a version check (its counter, the version, its shape) for every tensor whose
     memory a saved array shares; a saved array that shares the memory of a plain-array
-    input is copied instead (nothing else would see it change). links: ``saved_links`` of the saved arrays (after those copies)."""
+    input is copied instead (nothing else would see it change). links: ``saved_links`` of
+    the saved arrays (after those copies)."""
     fast = _guard_saved_inputs(fn, inputs, results, arrays)
     if fast is not None:
         return fast
