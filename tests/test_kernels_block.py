@@ -71,13 +71,14 @@ def test_block_kernel_is_registered():
 
 @pytest.mark.parametrize("kernel", BLOCK, ids=[k.name for k in BLOCK])
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_block_kernel_matches_the_composition(kernel, shape):
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_block_kernel_matches_the_composition(kernel, shape, approximate):
     B, T, C, nh = shape
     x, params = block_arrays(B, T, C)
-    assert kernel.when(x, *params, n_head=nh)
-    want, want_g = run_block(x, params, nh)
-    got, got_g = run_block(x, params, nh, kernel)
-    what = f"{kernel.name} at (B, T, C, nh) = {shape}"
+    assert kernel.when(x, *params, n_head=nh, approximate=approximate)
+    want, want_g = run_block(x, params, nh, approximate=approximate)
+    got, got_g = run_block(x, params, nh, kernel, approximate=approximate)
+    what = f"{kernel.name} at (B, T, C, nh) = {shape}, GELU {approximate}"
     assert got.dtype == np.float32
     scale = max(1.0, float(np.abs(want.detach().numpy()).max()))
     np.testing.assert_allclose(
@@ -113,15 +114,15 @@ def test_the_block_keeps_no_gelu_output_for_its_backward(nh):
     assert held == rows * 11 * C + 4 * rows + attention, held  # (m1, r1, m2, r2)
 
 
-@pytest.mark.parametrize("case", ["float64", "no_biases", "erf_gelu", "odd_heads"])
+@pytest.mark.parametrize("case", ["float64", "no_biases", "other_gelu", "odd_heads"])
 def test_the_kernel_declines_what_it_does_not_compute(case):
     """compile then leaves the block's ops as they are (tests/test_compile.py)."""
     x, params = block_arrays(2, 6, 12, np.float64 if case == "float64" else np.float32)
     kw, nh = {}, 3
     if case == "no_biases":
         params = [None if n.endswith("bias") else p for n, p in zip(GPT2_BLOCK_PARAMS, params)]
-    if case == "erf_gelu":
-        kw["approximate"] = "none"
+    if case == "other_gelu":  # (the tanh form and the exact one, "none", it computes)
+        kw["approximate"] = "sigmoid"
     if case == "odd_heads":
         nh = 5
     assert [k.when(x, *params, n_head=nh, **kw) for k in BLOCK] == [False] * len(BLOCK)
@@ -159,7 +160,7 @@ def test_compile_emits_the_block_kernel_for_the_stock_block_only(monkeypatch):
 
     assert compiled_kernels(gpt()).count("NumbaGPT2Block") == 2
     assert "NumbaGPT2Block" not in compiled_kernels(gpt(dropout=0.1))  # dropout in training
-    assert "NumbaGPT2Block" not in compiled_kernels(gpt(gelu="none"))  # the erf GELU
+    assert compiled_kernels(gpt(gelu="none")).count("NumbaGPT2Block") == 2  # the exact GELU
     assert "NumbaGPT2Block" not in compiled_kernels(gpt(), doc_sep=3)  # a document mask
     model = gpt()
     model.set_fused_attention(False)  # the explicit scores -> mask -> softmax path

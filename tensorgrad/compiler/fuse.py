@@ -79,7 +79,7 @@ def plan(graph: Graph) -> list:
     steps = list(graph.steps)
     if not kernels.is_enabled() or graph.device != "cpu":
         return steps
-    steps = match_composites(graph, steps, _last_reads)
+    steps = match_composites(graph, steps)
     return fuse_runs(graph, steps) if _have_numba() else steps
 
 

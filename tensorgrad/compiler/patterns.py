@@ -1,91 +1,481 @@
-"""Composite patterns: a window of traced ops that an existing kernel computes as one op.
+"""Composite patterns: ops of a traced graph that an existing kernel computes as one op.
 
-A pattern is a list of ops written as a learner would read them: each line is an op's name,
-its inputs and keyword arguments, and the names of its outputs. In a line, a plain name binds
-to the traced value found there (the same name must find the same value again), ``"$name"``
-binds to a constant (the same name must find an equal constant), and any other value must
-equal the traced constant. A window of consecutive steps that matches, whose inner values no
-later step reads and whose inputs are not made inside it, becomes one step of the kernel the
-pattern names.
+``PATTERNS`` is the one registry, and a pattern is one entry: a subclass of ``Pattern``
+(defining it registers it), which holds
+- ``graph()``: the ops it matches, written as a small function over placeholders, as a model
+  writes them: ``op(LayerNorm, x, V("ln_1.weight"), V("ln_1.bias"), nd=1, eps=K("eps"))``.
+  Ops are keyed on their Op classes. ``V("w")`` binds a graph value (or a missing optional
+  input, None), and the same name must find the same value again; ``K("eps")`` binds a
+  constant, equal wherever the name appears (a graph value, a mask read from a buffer say,
+  does not bind); ``ANY`` takes any constant; any other value must equal the traced constant;
+  ``commutative=True`` lets an op's two inputs come either way round (``a + x``);
+  ``name="s"`` binds an op's value;
+- ``inputs`` and ``outputs``: the names whose values the emitted op reads, in its argument
+  order (or a constant, None), and writes, the root last;
+- ``kernel`` (the kernel registry's op name), ``ref`` (the emitted step's reference Op, what
+  it stands for; None: the kernel is the op) and ``fallback`` (whether ``ref`` runs where no
+  kernel takes the arguments, or the ops stay as written);
+- ``conditions(graph, m)``: the emitted op's keyword arguments where the matched values meet
+  the pattern's own conditions (shapes, constants), else None.
 
-Three patterns today:
-- the pre-LayerNorm GPT-2 block, as ``gpt/model.py``'s ``Block`` computes it with the fused
-  attention: it runs as the fused block kernel (``kernels/cpu_gpt2_block.py``). An edited
-  block (another activation, another scale, a parallel attention and MLP, RMSNorm) traces
-  other ops, does not match, and runs as written: the pattern is the graph's, never a
-  module's type;
-- causal attention written out, ``softmax((q @ k.transpose(-2, -1)) * scale`` with the
-  causal mask filled by -inf ``) @ v`` (the model's ``set_fused_attention(False)`` path, and
-  an attention edit written that way): it runs as one attention op with ``is_causal`` and that
-  scale, so the flash kernel (``kernels/cpu_numba_attention.py``) takes it where it applies,
-  and no (T, T) probabilities are kept for the backward. The mask must be a constant equal to
-  ``~causal_mask(L, S)`` with L <= S (no row fully masked, where the written softmax would give
-  NaN and the op zeros), checked when the plan is made; a mask read from a buffer is a graph
-  value, not a constant, and does not match;
-- a residual add and the LayerNorm of its sum (every pre-LN block that is not the stock one
-  has two): one ``AddLayerNorm`` op with both outputs, which its kernel computes in one pass
-  over the rows each way. The two addends must have one shape (no broadcasting).
+Matching follows the data: from each step of the root's class (the block's last Add), each
+input back to the step that made it, so statement order does not matter (nanoGPT reshapes k
+before q and v). An op that returns its input's values (``TRANSPARENT``: ``contiguous()``) is
+looked through wherever it stands, whether it recorded a copy or nothing (``contiguous()`` of
+a contiguous tensor returns it as it is: n_head 1, T 1). A match becomes one step, in the
+root's place, where it is closed: no value made inside it is read by a step outside it or
+returned (its outputs excepted), no input of it is made inside it, no step outside it reads
+one of its outputs before the root, and the kernel's predicate accepts the arguments.
 
-Imports: numpy, .trace, ..autograd, ..kernels, ..ops.
+Three patterns today, tried in this order (the block first: it holds two residual adds):
+- ``GPT2Block``: the pre-LayerNorm GPT-2 block with the fused attention, as ``gpt/model.py``,
+  nanoGPT's and build-nanogpt's models write it, tanh or exact GELU: the fused block kernel
+  (``kernels/cpu_gpt2_block.py``). An edited block (another activation, another scale, a
+  parallel attention and MLP, RMSNorm) traces other ops, does not match, and runs as written:
+  the pattern is the graph's, never a module's type;
+- ``CausalAttention``: causal attention written out, ``softmax((q @ k.transpose(-2, -1)) *
+  scale`` with the causal mask filled by -inf ``) @ v`` (the model's
+  ``set_fused_attention(False)`` path): one attention op with ``is_causal`` and that scale,
+  so the flash kernel takes it where it applies and no (T, T) probabilities are kept for the
+  backward. The mask must be a constant equal to ``~causal_mask(L, S)`` with L <= S (no row
+  fully masked, where the written softmax would give NaN and the op zeros), checked when the
+  plan is made; a mask read from a buffer is a graph value, not a constant, and does not match;
+- ``AddLayerNormPattern``: a residual add and the LayerNorm of its sum (every pre-LN block
+  that is not the stock one has two): one ``AddLayerNorm`` op with both outputs, which its
+  kernel computes in one pass over the rows each way. The two addends have one shape.
+
+Imports: functools, inspect, numpy, .trace, ..autograd, ..kernels, ..ops.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import numpy as np
 
 from .. import kernels
 from ..autograd import xp_of
-from ..ops.nn import Attention, LayerNorm, causal_mask
+from ..ops.elementwise import Add, MaskedFill, Mul
+from ..ops.linalg import Linear, MatMul
+from ..ops.nn import Attention, Gelu, LayerNorm, Softmax, causal_mask
+from ..ops.shape import Contiguous, Permute, Reshape, Split
 from .trace import Graph, Step, same_value
 
-HEADS = (0, 2, 1, 3)
-GPT2_BLOCK = [
-    ("LayerNorm", ["x", "ln_1.weight", "ln_1.bias"], {"nd": 1, "eps": "$eps"}, ["h1"]),
-    ("Linear", ["h1", "attn.c_attn.weight", "attn.c_attn.bias"], {}, ["qkv"]),
-    ("Split", ["qkv", "$sizes", 2], {}, ["q", "k", "v"]),
-    ("Reshape", ["q", "$heads"], {}, ["q4"]),
-    ("Permute", ["q4", HEADS], {}, ["qh"]),
-    ("Reshape", ["k", "$heads"], {}, ["k4"]),
-    ("Permute", ["k4", HEADS], {}, ["kh"]),
-    ("Reshape", ["v", "$heads"], {}, ["v4"]),
-    ("Permute", ["v4", HEADS], {}, ["vh"]),
-    (
-        "Attention",
-        ["qh", "kh", "vh", None],
-        {"dropout_p": 0.0, "is_causal": True, "scale": None},
-        ["y"],
-    ),
-    ("Permute", ["y", HEADS], {}, ["yt"]),
-    ("Contiguous", ["yt"], {}, ["yc"]),
-    ("Reshape", ["yc", "$merged"], {}, ["ym"]),
-    ("Linear", ["ym", "attn.c_proj.weight", "attn.c_proj.bias"], {}, ["a"]),
-    ("Add", ["x", "a"], {}, ["x1"]),
-    ("LayerNorm", ["x1", "ln_2.weight", "ln_2.bias"], {"nd": 1, "eps": "$eps"}, ["h2"]),
-    ("Linear", ["h2", "mlp.c_fc.weight", "mlp.c_fc.bias"], {}, ["f"]),
-    ("Gelu", ["f"], {"approximate": "$approximate"}, ["act"]),
-    ("Linear", ["act", "mlp.c_proj.weight", "mlp.c_proj.bias"], {}, ["m"]),
-    ("Add", ["x1", "m"], {}, ["out"]),
-]
-CAUSAL_ATTENTION = [
-    ("Permute", ["k", (0, 1, 3, 2)], {}, ["kt"]),
-    ("MatMul", ["q", "kt"], {}, ["s"]),
-    ("Mul", ["s", "$scale"], {}, ["ss"]),
-    ("MaskedFill", ["ss", "$masked", float("-inf")], {}, ["sm"]),
-    ("Softmax", ["sm"], {"dim": "$dim"}, ["p"]),
-    ("MatMul", ["p", "v"], {}, ["y"]),
-]
-ADD_LAYER_NORM = [
-    ("Add", ["x", "a"], {}, ["s"]),
-    ("LayerNorm", ["s", "w", "b"], {"nd": "$nd", "eps": "$eps"}, ["y"]),
-]
-BLOCK_PARAMS = [n for _, ins, _, _ in GPT2_BLOCK for n in ins if isinstance(n, str) and "." in n]
-# (the fused kernel's inputs after x, in the kernel's order: kernels.cpu_gpt2_block)
+PATTERNS: list = []  # the registry: every Pattern subclass, in the order defined
+TRANSPARENT = (Contiguous,)  # ops whose output is their input's values: looked through
+MAX_TRIES = 16  # matches tried per root (a commutative op's inputs: two ways round)
+
+# ----------------------------------------------------------------------------- the language
+
+
+class V:
+    """A graph value the pattern reads (or a missing optional input, None), bound by name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class K:
+    """A constant, bound by name: equal wherever the name appears."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+ANY = K("")  # any constant, bound to nothing
+
+
+class Node:
+    """One op of a pattern: output ``out`` of an op of class ``cls`` on ``ins`` and
+    ``kwargs`` (``group``: the op, shared by the outputs of a multi-output one)."""
+
+    def __init__(self, cls, ins, kwargs, *, out=0, group=None, name=None, commutative=False):
+        self.cls, self.ins, self.kwargs, self.out = cls, tuple(ins), kwargs, out
+        self.group = group if group is not None else self
+        self.name, self.commutative = name, commutative
+
+
+def op(cls, *ins, name=None, commutative=False, n_out=1, **kwargs):
+    """The pattern's op ``cls(*ins, **kwargs)``: a Node, or a tuple of n_out of them (the
+    outputs of one op, as Split's q, k, v); ``name`` binds its value."""
+    if n_out == 1:
+        return Node(cls, ins, kwargs, name=name, commutative=commutative)
+    first = Node(cls, ins, kwargs, name=name)
+    return (first, *(Node(cls, ins, kwargs, out=i, group=first) for i in range(1, n_out)))
+
+
+class Pattern:
+    """One entry of the registry: subclass it to add a pattern (the subclass registers
+    itself). See the module docstring for what each attribute means."""
+
+    label: str = ""  # what it stands for, in summary()["patterns"] and gpt-train's first lines
+    inputs: tuple = ()  # the emitted op's inputs: bound names, or constants (None)
+    outputs: tuple = ()  # the bound names of the values it writes, the root last
+    kernel: str = ""  # the kernels registry's op the emitted step runs
+    ref: type | None = None  # the emitted step's reference Op (None: the kernel's class)
+    fallback: bool = False  # where no kernel applies: ref runs (True) or the ops stay
+    root: Node  # graph(), built once when the class is defined
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.root = cls.graph()
+        _check_names(cls)
+        PATTERNS.append(cls)
+
+    @staticmethod
+    def graph() -> Node:
+        """The ops it matches; returns the root op."""
+        raise NotImplementedError
+
+    @staticmethod
+    def conditions(graph: Graph, m: Match) -> dict | None:
+        """The emitted op's keyword arguments, or None where the match does not qualify."""
+        return {}
+
+
+class Match(dict):
+    """A match's bindings: name -> ("v", slot) / ("c", None) for a value or a named op, the
+    constant for a K name; ``steps``: the matched steps' indices."""
+
+    def __init__(self, graph: Graph):
+        super().__init__()
+        self.graph = graph
+        self.steps: dict = {}  # id(node.group) -> step index
+        self.taken: set = set()  # step indices matched
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.graph.meta[self[name][1]][0])
+
+    def dtype(self, name: str):
+        return self.graph.meta[self[name][1]][1]
+
+    def copy(self) -> Match:
+        m = Match(self.graph)
+        m.update(self)
+        m.steps, m.taken = dict(self.steps), set(self.taken)
+        return m
+
+
+# ----------------------------------------------------------------------------- the matcher
+
+
+def match_composites(graph: Graph, steps: list, patterns=None) -> list:
+    """``steps`` with every closed match of a pattern replaced by one step of its kernel."""
+    for pattern in PATTERNS if patterns is None else patterns:
+        steps = _replace_all(graph, steps, pattern)
+    return steps
+
+
+class _Flow:
+    """Who makes and who reads each value of a list of steps."""
+
+    def __init__(self, graph: Graph, steps: list):
+        self.made: dict = {}  # slot -> (step index, output index)
+        self.readers: dict = {}  # slot -> step indices that read it
+        for k, st in enumerate(steps):
+            for j, s in enumerate(st.outs):
+                self.made[s] = (k, j)
+            for kind, v in [*st.ins, *st.kwargs.values()]:
+                if kind == "v":
+                    self.readers.setdefault(v, []).append(k)
+        self.returned = set(graph.output_slots())
+
+
+def _replace_all(graph: Graph, steps: list, pattern: Pattern) -> list:
+    """``steps`` with each closed match of ``pattern`` (roots in order) as one step."""
+    root = pattern.root
+    flow, k = _Flow(graph, steps), 0
+    while k < len(steps):
+        st = steps[k]
+        found = None
+        if st.cls is root.cls and not st.pattern:
+            found = _emit_at(graph, steps, flow, k, root, pattern)
+        if found is not None:  # the match's steps go; its step stands in the root's place
+            m, step = found
+            at = sum(i not in m.taken for i in range(k))
+            steps = [s for i, s in enumerate(steps) if i not in m.taken or i == k]
+            steps[at] = step
+            flow, k = _Flow(graph, steps), at
+        k += 1
+    return steps
+
+
+def _emit_at(graph, steps, flow, k, root, pattern):
+    """(match, its step) for the pattern rooted at step k, or None."""
+    st = steps[k]
+    if not root.out < len(st.outs):
+        return None
+    start = Match(graph)
+    for n, m in enumerate(_solve([(root, ("v", st.outs[root.out]))], start, steps, flow)):
+        if n >= MAX_TRIES:
+            return None
+        if max(m.taken) != k or not _closed(pattern, m, flow, k):
+            continue
+        step = _step(graph, pattern, m)
+        if step is not None:
+            return m, step
+    return None
+
+
+def _solve(todo: list, m: Match, steps: list, flow: _Flow):
+    """Every binding under which each (pattern item, traced ref) pair of ``todo`` matches."""
+    if not todo:
+        yield m
+        return
+    (want, got), rest = todo[0], todo[1:]
+    if isinstance(want, Node):
+        for m2, more in _node(want, got, m, steps, flow):
+            yield from _solve(more + rest, m2, steps, flow)
+    elif _bind(m, want, got):
+        yield from _solve(rest, m, steps, flow)
+
+
+def _node(want: Node, got, m: Match, steps: list, flow: _Flow):
+    """(match, the pairs still to match) for each way op ``want`` can be the step that made
+    ``got``."""
+    through, ref = set(), got
+    while ref[0] == "v" and ref[1] in flow.made:
+        k, j = flow.made[ref[1]]
+        st = steps[k]
+        if st.cls not in TRANSPARENT or st.cls is want.cls or st.pattern:
+            break
+        through.add(k)
+        ref = st.ins[0]
+    else:
+        return  # an input of the graph, or a constant: no op made it
+    if st.cls is not want.cls or st.pattern or j != want.out or len(st.ins) != len(want.ins):
+        return
+    key = id(want.group)
+    if key in m.steps:  # another output of an op matched already (Split's q, k, v)
+        if m.steps[key] == k:
+            m = m.copy()
+            m.taken |= through
+            if want.name is None or _bind(m, V(want.name), got):
+                yield m, []
+        return
+    if k in m.taken:
+        return
+    kwargs = st.kwargs
+    if set(kwargs) - set(want.kwargs):
+        return
+    orders = [want.ins]
+    if want.commutative and len(want.ins) == 2:
+        orders.append(want.ins[::-1])
+    for ins in orders:
+        m2 = m.copy()
+        m2.steps[key], m2.taken = k, m2.taken | through | {k}
+        if want.name is not None and not _bind(m2, V(want.name), got):
+            continue
+        pairs = list(zip(ins, st.ins))
+        pairs += [(w, kwargs.get(name, _default(st.cls, name))) for name, w in want.kwargs.items()]
+        yield m2, pairs
+
+
+_NO_DEFAULT = ("c", inspect.Parameter.empty)
+
+
+@functools.cache
+def _default(cls, name):
+    """A keyword argument the step did not pass: the op's default, as a constant."""
+    p = inspect.signature(cls.forward).parameters.get(name)
+    return _NO_DEFAULT if p is None or p.default is p.empty else ("c", p.default)
+
+
+def _bind(m: Match, want, got) -> bool:
+    kind, value = got
+    if isinstance(want, V):  # a value (or a missing input)
+        if kind == "c" and value is not None:
+            return False
+        key = (kind, value if kind == "v" else None)
+        return m.setdefault(want.name, key) == key
+    if isinstance(want, K):  # a constant, equal wherever the name appears
+        if kind != "c" or value is inspect.Parameter.empty:
+            return False
+        if not want.name:
+            return True
+        if want.name in m:
+            return same_value(m[want.name], value)
+        m[want.name] = value
+        return True
+    if kind != "c":
+        return False
+    return same_value(want, tuple(value) if isinstance(value, list) else value)
+
+
+def _closed(pattern: Pattern, m: Match, flow: _Flow, root: int) -> bool:
+    """Whether the match can be one step in the root's place: nothing outside it reads a
+    value made inside it (its outputs excepted, read after the root), and no input of it
+    is made inside it (``p @ s`` for ``p @ v``)."""
+    outs = {m[n][1] for n in pattern.outputs}
+    made = {s for s, (k, _) in flow.made.items() if k in m.taken}
+    for name in pattern.inputs:
+        if isinstance(name, str) and m[name][0] == "v" and m[name][1] in made:
+            return False
+    for s in made:
+        outside = [k for k in flow.readers.get(s, ()) if k not in m.taken]
+        if s in outs:
+            if any(k < root for k in outside):
+                return False
+        elif outside or s in flow.returned:
+            return False
+    return True
+
+
+def _step(graph: Graph, pattern: Pattern, m: Match) -> Step | None:
+    """The emitted step, or None where its conditions or the kernel's predicate say no."""
+    kw = pattern.conditions(graph, m)
+    if kw is None:
+        return None
+    ins = [m[n] if isinstance(n, str) else ("c", n) for n in pattern.inputs]
+    impl = kernels.pick(pattern.kernel, "cpu", *[_dummy(graph, r) for r in ins], **kw)
+    if impl is None:
+        if not pattern.fallback:
+            return None
+        impl = pattern.ref
+    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
+    outs = [m[n][1] for n in pattern.outputs]
+    kwargs = {k: ("c", v) for k, v in kw.items()}
+    meta = [graph.meta[o] for o in outs]
+    return Step(pattern.ref or impl, impl, ins, kwargs, outs, needs, meta, pattern.label)
+
+
+def _dummy(graph: Graph, ref):
+    """An array of the value's shape and dtype, for the kernel's predicate."""
+    if ref[0] != "v":
+        return ref[1]
+    shape, dtype = graph.meta[ref[1]]
+    return np.zeros(shape, dtype) if graph.device == "cpu" else None
+
+
+def _check_names(pattern) -> None:
+    """A name means one thing in a pattern; its inputs and outputs are names it binds."""
+    kinds: dict = {}
+    seen, stack = set(), [pattern.root]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        items = []
+        if isinstance(x, Node):
+            items = [x.ins, x.kwargs.values()]
+            if x.name:
+                items.append([V(x.name)])
+            stack += [i for part in items[:2] for i in part if isinstance(i, Node)]
+        for part in items:
+            for i in part:
+                if isinstance(i, (V, K)) and i.name:
+                    kind = type(i).__name__
+                    if kinds.setdefault(i.name, kind) != kind:
+                        raise ValueError(f"{pattern.label}: {i.name!r} is a value and a constant")
+    for n in [*pattern.inputs, *pattern.outputs]:
+        if isinstance(n, str) and kinds.get(n) != "V":
+            raise ValueError(f"{pattern.label}: {n!r} is not a value the pattern binds")
+    if not pattern.outputs or pattern.outputs[-1] != pattern.root.name:
+        raise ValueError(f"{pattern.label}: the last output must name the root op")
+
+
+# ----------------------------------------------------------------------------- the patterns
+HEADS = (0, 2, 1, 3)  # (B, T, nh, hs) <-> (B, nh, T, hs)
+# the fused block's inputs after x, in its order (kernels.cpu_gpt2_block.GPT2_BLOCK_PARAMS,
+# written out: that module needs numba)
+BLOCK_PARAMS = (
+    *("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"),
+    *("attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias"),
+    *("mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"),
+)
+
+
+class GPT2Block(Pattern):
+    label = "GPT-2 blocks as the fused block kernel"
+    inputs = ("x", *BLOCK_PARAMS)
+    outputs = ("out",)
+    kernel = "gpt2_block"
+
+    @staticmethod
+    def graph():
+        x, p = V("x"), {n: V(n) for n in BLOCK_PARAMS}
+        h1 = op(LayerNorm, x, p["ln_1.weight"], p["ln_1.bias"], nd=1, eps=K("eps"))
+        qkv = op(Linear, h1, p["attn.c_attn.weight"], p["attn.c_attn.bias"])
+        q, k, v = op(Split, qkv, K("sizes"), K("dim"), n_out=3)
+        heads = [op(Permute, op(Reshape, t, ANY, name=n), HEADS) for t, n in zip((q, k, v), "qkv")]
+        y = op(Attention, *heads, None, dropout_p=K("dropout_p"), is_causal=True, scale=None)
+        ym = op(Reshape, op(Permute, y, HEADS), ANY, name="ym")  # (.contiguous(): looked through)
+        x1 = op(
+            Add, x, op(Linear, ym, p["attn.c_proj.weight"], p["attn.c_proj.bias"]), commutative=True
+        )
+        h2 = op(LayerNorm, x1, p["ln_2.weight"], p["ln_2.bias"], nd=1, eps=K("eps"))
+        f = op(Linear, h2, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])
+        a = op(Gelu, f, approximate=K("approximate"))
+        mlp = op(Linear, a, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
+        return op(Add, x1, mlp, commutative=True, name="out")
+
+    @staticmethod
+    def conditions(graph, m):
+        """Heads split off C and merged again (the three head reshapes alike), the qkv split
+        into three of C, no dropout: the fused block's kwargs."""
+        xs = m.shape("x")
+        if len(xs) != 3:
+            return None
+        B, T, C = xs
+        heads = m.shape("q")
+        if len(heads) != 4 or heads[:2] != (B, T) or heads[2] * heads[3] != C:
+            return None
+        if m.shape("k") != heads or m.shape("v") != heads or m.shape("ym") != xs:
+            return None
+        sizes, dim, p = m["sizes"], m["dim"], m["dropout_p"]
+        if not isinstance(sizes, (list, tuple)) or list(sizes) != [C] * 3 or dim not in (2, -1):
+            return None
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or p != 0:  # (eval: an int 0)
+            return None
+        return {"n_head": heads[2], "eps": m["eps"], "approximate": m["approximate"]}
+
+
+class CausalAttention(Pattern):
+    label = "causal attentions as one attention op"
+    inputs = ("q", "k", "v", None)
+    outputs = ("y",)
+    kernel = "attention"
+    ref, fallback = Attention, True
+
+    @staticmethod
+    def graph():
+        s = op(
+            Mul, op(MatMul, V("q"), op(Permute, V("k"), (0, 1, 3, 2))), K("scale"), commutative=True
+        )
+        p = op(Softmax, op(MaskedFill, s, K("masked"), float("-inf")), dim=K("dim"))
+        return op(MatMul, p, V("v"), name="y")
+
+    @staticmethod
+    def conditions(graph, m):
+        """The mask is the causal (L, S) one, L <= S, as a constant; shapes as the op takes
+        them: attention with is_causal and that scale."""
+        scale, masked, dim = m["scale"], m["masked"], m["dim"]
+        (qs, qd), (ks, kd), (vs, vd) = ((m.shape(n), m.dtype(n)) for n in ("q", "k", "v"))
+        if (m.shape("y"), m.dtype("y")) != ((*qs[:3], vs[3]), qd):
+            return None
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
+            return None
+        if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):
+            return None
+        (L, E), (S, Ek) = qs[2:], ks[2:]
+        if E != Ek or vs[2] != S or not (qd == kd == vd) or L > S:
+            return None
+        want = ~causal_mask(np, L, S)
+        if not (hasattr(masked, "shape") and masked.dtype == bool and masked.size == want.size):
+            return None
+        if masked.shape != want.shape[-masked.ndim :] and masked.shape[-2:] != want.shape:
+            return None
+        if not np.array_equal(np.asarray(masked).reshape(L, S), want):
+            return None
+        return {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
 
 
 class AddLayerNorm(LayerNorm):
     """s = x + a and y = LayerNorm(s): a residual add and the LayerNorm after it, as one op
     with both outputs (the residual stream goes on to the next add). ``tensorgrad.compile``
-    makes it from the two ops where it finds them (below), so that a kernel
+    makes it from the two ops where it finds them (``AddLayerNormPattern``), so that a kernel
     can do both in one pass over the rows; x and a have one shape.
 
     ∂L/∂x = ∂L/∂a = g_s + LayerNorm's ∂L/∂s for g_y."""
@@ -106,150 +496,27 @@ class AddLayerNorm(LayerNorm):
         return gx, gx, gw, gb
 
 
-def match_composites(graph: Graph, steps: list, last_reads) -> list:
-    """``steps`` with every window that matches a pattern replaced by one kernel step
-    (``last_reads(graph, steps)``: slot -> index in ``steps`` of the last step that reads it,
-    asked again after each pattern)."""
-    steps = _replace(graph, steps, last_reads(graph, steps), GPT2_BLOCK, _gpt2_block_step)
-    steps = _replace(graph, steps, last_reads(graph, steps), CAUSAL_ATTENTION, _attention_step)
-    return _replace(graph, steps, last_reads(graph, steps), ADD_LAYER_NORM, _add_layer_norm_step)
-
-
-def _replace(graph, steps, used_after, pattern, make) -> list:
-    out, k, n = [], 0, len(pattern)
-    while k < len(steps):
-        found = _match(pattern, steps[k : k + n]) if k + n <= len(steps) else None
-        step = found and make(graph, steps, k, k + n - 1, found, used_after)
-        if step is not None:
-            out.append(step)
-            k += n
-        else:
-            out.append(steps[k])
-            k += 1
-    return out
-
-
-def _not_closed(env, ins, outs, pattern, last, used_after) -> bool:
-    """Whether the window leaks: a value made inside it (not in ``outs``) is read after step
-    ``last``, or one of its inputs ``ins`` is a value made inside it (``p @ s`` for ``p @ v``),
-    which the one step that replaces the window would read before it exists."""
-    made = {n for _, _, _, names in pattern for n in names}
-    inner = {env[n][1] for n in made - set(outs)}
-    if any(env[n][0] == "v" and env[n][1] in inner | {env[o][1] for o in outs} for n in ins):
-        return True
-    return any(used_after.get(s, -1) > last for s in inner)
-
-
-def _match(pattern: list, window: list) -> dict | None:
-    """The names' bindings if ``window`` is ``pattern``, else None."""
-    env: dict = {}
-    for (name, ins, kwargs, outs), st in zip(pattern, window):
-        if st.cls.__name__ != name or len(st.ins) != len(ins) or st.kwargs.keys() != kwargs.keys():
-            return None
-        pairs = list(zip(ins, st.ins)) + [(kwargs[k], st.kwargs[k]) for k in kwargs]
-        pairs += [(o, ("v", s)) for o, s in zip(outs, st.outs)]
-        for want, got in pairs:
-            if not _bind(env, want, got):
-                return None
-    return env
-
-
-def _bind(env: dict, want, got) -> bool:
-    kind, value = got
-    if isinstance(want, str) and not want.startswith("$"):  # a value (or a missing bias)
-        if kind == "c" and value is not None:
-            return False
-        key = (kind, value if kind == "v" else None)
-        return env.setdefault(want, key) == key
-    if isinstance(want, str):  # "$name": a constant, equal wherever it appears
-        if kind != "c":
-            return False
-        if want in env:
-            return same_value(env[want], value)
-        env[want] = value
-        return True
-    return kind == "c" and same_value(want, value if not isinstance(value, list) else tuple(value))
-
-
-def _gpt2_block_step(graph, steps, first, last, env, used_after) -> Step | None:
-    """The fused block's step for a matched window, or None where the kernel does not apply
-    (its predicate says no) or a value inside the window is read after it."""
-    if _not_closed(env, ["x", *BLOCK_PARAMS], ["out"], GPT2_BLOCK, last, used_after):
-        return None
-    heads, (B, T, C) = tuple(env["$heads"]), graph.meta[env["x"][1]][0]
-    if len(heads) != 4 or heads[:2] != (B, T) or heads[2] * heads[3] != C:
-        return None
-    n_head = heads[2]
-    ins = [env["x"]] + [("v", env[p][1]) if env[p][0] == "v" else ("c", None) for p in BLOCK_PARAMS]
-    dummies = [_dummy(graph, r) for r in ins]
-    kw = {"n_head": n_head, "eps": env["$eps"], "approximate": env["$approximate"]}
-    impl = kernels.pick("gpt2_block", "cpu", *dummies, **kw)
-    if impl is None:
-        return None
-    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
-    out = env["out"][1]
-    kwargs = {k: ("c", v) for k, v in kw.items()}
-    label = "GPT-2 blocks as the fused block kernel"
-    return Step(impl, impl, ins, kwargs, [out], needs, [graph.meta[out]], label)
-
-
-def _attention_step(graph, steps, first, last, env, used_after) -> Step | None:
-    """One attention op (is_causal, the written scale) for a matched window, or None where
-    the window is not causal attention exactly as the op computes it."""
-    if _not_closed(env, ["q", "k", "v"], ["y"], CAUSAL_ATTENTION, last, used_after):
-        return None
-    scale, masked, dim = env["$scale"], env["$masked"], env["$dim"]
-    (qs, qd), (ks, kd), (vs, vd) = (graph.meta[env[n][1]] for n in ("q", "k", "v"))
-    if graph.meta[env["y"][1]] != ((*qs[:3], vs[3]), qd):
-        return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
-        return None
-    if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):
-        return None
-    (L, E), (S, Ek) = qs[2:], ks[2:]
-    if E != Ek or vs[2] != S or not (qd == kd == vd) or L > S:
-        return None
-    want = ~causal_mask(np, L, S)
-    if not (hasattr(masked, "shape") and masked.dtype == bool and masked.size == want.size):
-        return None
-    if masked.shape != want.shape[-masked.ndim :] and masked.shape[-2:] != want.shape:
-        return None
-    if not np.array_equal(np.asarray(masked).reshape(L, S), want):
-        return None
-    ins = [env["q"], env["k"], env["v"], ("c", None)]
-    kw = {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
-    dummies = [_dummy(graph, r) for r in ins[:3]]
-    impl = kernels.pick("attention", "cpu", *dummies, None, **kw) or Attention
-    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
-    y = env["y"][1]
-    kwargs = {k: ("c", v) for k, v in kw.items()}
-    label = "causal attentions as one attention op"
-    return Step(Attention, impl, ins, kwargs, [y], needs, [graph.meta[y]], label)
-
-
-def _add_layer_norm_step(graph, steps, first, last, env, used_after) -> Step | None:
-    """The residual add and the LayerNorm after it as one AddLayerNorm step (both outputs:
-    the sum goes on to the next add), where its kernel takes them: x and a of one shape,
-    no broadcasting (an embedding's (T, C) positions added to (B, T, C) runs as written)."""
-    if _not_closed(env, ["x", "a", "w", "b"], ["s", "y"], ADD_LAYER_NORM, last, used_after):
-        return None
-    if graph.meta[env["x"][1]] != graph.meta[env["a"][1]]:
-        return None
-    ins = [env[n] for n in ("x", "a", "w", "b")]
-    kw = {"nd": env["$nd"], "eps": env["$eps"]}
-    impl = kernels.pick("add_layer_norm", "cpu", *[_dummy(graph, r) for r in ins], **kw)
-    if impl is None:
-        return None
-    needs = tuple(r[0] == "v" and graph.needs_grad[r[1]] for r in ins)
-    outs = [env["s"][1], env["y"][1]]
-    kwargs = {k: ("c", v) for k, v in kw.items()}
+class AddLayerNormPattern(Pattern):
     label = "residual adds with their LayerNorm as one kernel"
-    return Step(AddLayerNorm, impl, ins, kwargs, outs, needs, [graph.meta[o] for o in outs], label)
+    inputs = ("x", "a", "w", "b")
+    outputs = ("s", "y")
+    kernel = "add_layer_norm"
+    ref = AddLayerNorm
+
+    @staticmethod
+    def graph():
+        s = op(Add, V("x"), V("a"), name="s")
+        return op(LayerNorm, s, V("w"), V("b"), nd=K("nd"), eps=K("eps"), name="y")
+
+    @staticmethod
+    def conditions(graph, m):
+        """x and a graph values of one shape: no broadcasting (an embedding's (T, C)
+        positions added to (B, T, C) run as written)."""
+        if m["x"][0] != "v" or m["a"][0] != "v" or m.shape("x") != m.shape("a"):
+            return None
+        if m.dtype("x") != m.dtype("a"):
+            return None
+        return {"nd": m["nd"], "eps": m["eps"]}
 
 
-def _dummy(graph: Graph, ref):
-    """An array of the value's shape and dtype, for the kernel's predicate."""
-    if ref[0] != "v":
-        return None
-    shape, dtype = graph.meta[ref[1]]
-    return np.zeros(shape, dtype) if graph.device == "cpu" else None
+__all__ = ["ANY", "PATTERNS", "AddLayerNorm", "K", "Pattern", "V", "match_composites", "op"]

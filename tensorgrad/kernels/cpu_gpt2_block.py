@@ -3,8 +3,8 @@
 No model calls it: ``tensorgrad.compile`` emits it where the traced graph of a forward holds
 the pre-LayerNorm GPT-2 block's ops, as ``gpt/model.py``'s ``Block`` computes them
 (``compiler/patterns.py``: LayerNorm, the qkv projection, heads, causal attention, the
-projection and residual, LayerNorm, the MLP with the tanh GELU, the residual), for float32
-NumPy inputs with every parameter present. Per block:
+projection and residual, LayerNorm, the MLP with the tanh or the exact GELU, the residual),
+for float32 NumPy inputs with every parameter present. Per block:
 
     forward:  h1 = LN1(x)                        numba, one pass (keeps mean, 1/std)
               qkv = h1·Waᵀ + ba                  BLAS GEMM, bias added in place
@@ -73,7 +73,7 @@ def _when(x, *params, n_head, eps=1e-5, approximate="tanh"):
     if xa is None or xa.dtype != F32 or xa.ndim != 3 or not xa.flags.c_contiguous:
         return False
     B, T, C = xa.shape
-    if xa.size == 0 or approximate != "tanh" or C % n_head:
+    if xa.size == 0 or approximate not in ("tanh", "none") or C % n_head:
         return False
     shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
     shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
@@ -153,7 +153,8 @@ def _sums(parts):
 
 @register("gpt2_block", "cpu", name="cpu.numba.gpt2_block", when=_when)
 class NumbaGPT2Block(Op):
-    """The whole GPT-2 block for float32 on the CPU: inputs x and GPT2_BLOCK_PARAMS."""
+    """The whole GPT-2 block for float32 on the CPU: inputs x and GPT2_BLOCK_PARAMS; the
+    MLP's GELU is the tanh form (``approximate="tanh"``) or the exact one (``"none"``)."""
 
     def forward(self, x, *params, n_head, eps=1e-5, approximate="tanh"):
         with threads_for(x.size):
@@ -176,7 +177,7 @@ class NumbaGPT2Block(Op):
         residual_ln_fwd(x2, x1, pb, l2w, l2b, e, h2, m2, r2)
         f = np.matmul(h2, fw.T)  # (N, 4C)
         a = np.empty_like(f)
-        bias_gelu_fwd(f, fb, a)
+        bias_gelu_fwd(f, fb, a, approximate == "none")
         out = np.matmul(a, mw.T)  # (N, C)
         residual_bias_add(out, x1, mb)
         self.kw = {"n_head": n_head, "eps": eps, "approximate": approximate}
@@ -197,13 +198,14 @@ class NumbaGPT2Block(Op):
     def backward_block(self, g):
         x, l1w, l1b, aw, ab, pw, pb, l2w, l2b, fw, fb, mw, mb = self.saved
         h1, m1, r1, qkv, y, lse, x1, h2, m2, r2, f = self.acts
+        erf = self.kw["approximate"] == "none"
         N, C = h1.shape
         g2 = np.ascontiguousarray(g).reshape(N, C)
         P = min(N, PARTS)
         # MLP: out = x1 + a·Wmᵀ + bm, a = GELU(f)
         df = np.matmul(g2, mw)  # (N, 4C): ∂a, then ∂f in place
         a, gfb = np.empty_like(f), np.zeros((P, 4 * C), F32)
-        gelu_bwd_bias(f, df, a, gfb)  # (and a, recomputed)
+        gelu_bwd_bias(f, df, a, gfb, erf)  # (and a, recomputed)
         gmb, gmw = g2.sum(axis=0), np.matmul(g2.T, a)
         del a
         gfw, dh2 = np.matmul(df.T, h2), np.matmul(df, fw)

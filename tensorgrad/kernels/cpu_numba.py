@@ -525,33 +525,27 @@ _GC = F32(GELU_C)
 BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
 
 
-@jit(parallel=True, fastmath=EXP_FM)
-def _gelu_tanh_fwd(x, y):
-    # 0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)): no cancellation at large negative x
-    n = x.size
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
-        xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
-        for i in range(hi - lo):
-            xi = xb[i]
-            u = _K * (xi + _GC * xi * xi * xi)
-            yb[i] = xi / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+# The GELU of one float32, each form stated once: the elementwise kernels below and the fused
+# GPT-2 block's passes (cpu_numba_block) inline these.
 
 
-@jit(parallel=True, fastmath=EXP_FM)
-def _gelu_tanh_bwd(x, g, gx):
-    # d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)
-    n = x.size
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
-        xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
-        for i in range(hi - lo):
-            xi = xb[i]
-            x2 = xi * xi
-            e = exp32(min(F32(-2) * _K * (xi + _GC * x2 * xi), F32(80)))
-            s = F32(1) / (F32(1) + e)
-            es = e * s * s  # first: e alone may be 5e34, times x it would overflow
-            gxb[i] = gb[i] * (s + xi * F32(2) * es * _K * (F32(1) + _K3 * x2))
+@jit(inline="always", fastmath=EXP_FM)
+def gelu_tanh(x):
+    """0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)), u = √(2/π)(x + 0.044715x³): no
+    cancellation at large negative x."""
+    u = _K * (x + _GC * x * x * x)
+    return x / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+
+
+@jit(inline="always", fastmath=EXP_FM)
+def gelu_tanh_grad(x):
+    """(GELU_tanh(x), its derivative) with one exp: d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with
+    σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)."""
+    x2 = x * x
+    e = exp32(min(F32(-2) * _K * (x + _GC * x2 * x), F32(80)))
+    s = F32(1) / (F32(1) + e)
+    es = e * s * s  # first: e alone may be 5e34, times x it would overflow
+    return x / (F32(1) + e), s + x * F32(2) * es * _K * (F32(1) + _K3 * x2)
 
 
 _R2 = F32(1 / math.sqrt(2.0))
@@ -586,6 +580,39 @@ def _phi(x):
     return F32(1) - h if x >= 0 else h
 
 
+@jit(inline="always", fastmath=EXP_FM)
+def gelu_erf(x):
+    """The exact GELU x·Φ(x)."""
+    return x * _phi(x)
+
+
+@jit(inline="always", fastmath=EXP_FM)
+def gelu_erf_grad(x):
+    """(x·Φ(x), its derivative Φ(x) + x·φ(x)) with one Φ."""
+    p = _phi(x)
+    return x * p, p + x * _R2PI * exp32_nonpos(F32(-0.5) * x * x)
+
+
+@jit(parallel=True, fastmath=EXP_FM)
+def _gelu_tanh_fwd(x, y):
+    n = x.size
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+        xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            yb[i] = gelu_tanh(xb[i])
+
+
+@jit(parallel=True, fastmath=EXP_FM)
+def _gelu_tanh_bwd(x, g, gx):
+    n = x.size
+    for b in prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+        xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
+        for i in range(hi - lo):
+            gxb[i] = gb[i] * gelu_tanh_grad(xb[i])[1]
+
+
 @jit(parallel=True, fastmath=EXP_FM)
 def _gelu_erf_fwd(x, y):
     n = x.size
@@ -593,7 +620,7 @@ def _gelu_erf_fwd(x, y):
         lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, yb = x[lo:hi], y[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
-            yb[i] = xb[i] * _phi(xb[i])
+            yb[i] = gelu_erf(xb[i])
 
 
 @jit(parallel=True, fastmath=EXP_FM)
@@ -603,8 +630,7 @@ def _gelu_erf_bwd(x, g, gx):
         lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         xb, gb, gxb = x[lo:hi], g[lo:hi], gx[lo:hi]  # (over views the loop vectorises)
         for i in range(hi - lo):
-            xi = xb[i]
-            gxb[i] = gb[i] * (_phi(xi) + xi * _R2PI * exp32_nonpos(F32(-0.5) * xi * xi))
+            gxb[i] = gb[i] * gelu_erf_grad(xb[i])[1]
 
 
 @register(

@@ -1,12 +1,13 @@
 """The compiled passes of the fused GPT-2 block (``cpu_gpt2_block``): one pass over the rows
-for each of LayerNorm (optionally after the residual add and a bias), bias + GELU, and their
-backwards with the bias / LayerNorm parameter gradients summed on the way.
+for each of LayerNorm (optionally after the residual add and a bias), bias + GELU (tanh or
+exact: cpu_numba's scalar forms, inlined), and their backwards with the bias / LayerNorm
+parameter gradients summed on the way.
 
 All take (N, C) float32 C-contiguous arrays (N = B·T rows). Column sums (bias and
 LayerNorm-parameter gradients) go into ``parts`` (P, C) partial sums, one per block of
 rows, summed by the caller: a fixed P, so the sums are the same on any thread count.
 
-Imports: numba, numpy, .cpu_numba, .numba_math, ..ops.
+Imports: numba, numpy, .cpu_numba, .numba_math.
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ..ops.nn import GELU_C, SQRT_2_OVER_PI
-from .cpu_numba import EXP_FM, FM, rdot, rsum
-from .numba_math import exp32, exp32_in_place, jit
+from .cpu_numba import EXP_FM, FM, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, rdot, rsum
+from .numba_math import exp32_in_place, jit
 
 F32 = np.float32
-K = F32(SQRT_2_OVER_PI)
-K3 = F32(3 * GELU_C)
-GC = F32(GELU_C)
 
 
 @jit(fastmath=FM, inline="always")  # (a call per row cost more than the row: 9.5 -> 6.8 µs)
@@ -69,38 +66,50 @@ def residual_bias_add(out, x, bias):
 
 
 @jit(parallel=True, fastmath=EXP_FM)
-def bias_gelu_fwd(f, bias, out):
-    """f += bias in place (f then holds GELU's input), out = GELU_tanh(f) as f·σ(2u)."""
+def bias_gelu_fwd(f, bias, out, erf):
+    """f += bias in place (f then holds GELU's input), out = GELU(f): the exact form where
+    ``erf``, else the tanh form as x·σ(2u) (cpu_numba.gelu_erf, gelu_tanh)."""
     n, c = f.shape
     for i in prange(n):
-        for j in range(c):
-            v = f[i, j] + bias[j]
-            f[i, j] = v
-            u = K * (v + GC * v * v * v)
-            out[i, j] = v / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
+        fi, oi = f[i], out[i]
+        if erf:  # (per row, outside the loops: each vectorises on its own)
+            for j in range(c):
+                v = fi[j] + bias[j]
+                fi[j] = v
+                oi[j] = gelu_erf(v)
+        else:
+            for j in range(c):
+                v = fi[j] + bias[j]
+                fi[j] = v
+                oi[j] = gelu_tanh(v)
 
 
 @jit(parallel=True, fastmath=EXP_FM)
-def gelu_bwd_bias(f, d, a, parts):
-    """d <- d·GELU_tanh'(f) in place; a = GELU_tanh(f) again, as bias_gelu_fwd computed it
+def gelu_bwd_bias(f, d, a, parts, erf):
+    """d <- d·GELU'(f) in place; a = GELU(f) again, as bias_gelu_fwd computed it
     (recomputed here, where the derivative needs the same exp, rather than kept from the
     forward: 4·C floats per row less held by every block until its backward); parts[p] +=
-    the column sums of d (the bias gradient)."""
+    the column sums of d (the bias gradient). ``erf``: the exact form, else the tanh one."""
     n, c = f.shape
     P = parts.shape[0]
     for p in prange(P):
         acc = parts[p]
         for i in range(p * n // P, (p + 1) * n // P):
-            for j in range(c):
-                x = f[i, j]
-                x2 = x * x
-                e = exp32(min(F32(-2) * K * (x + GC * x2 * x), F32(80)))
-                a[i, j] = x / (F32(1) + e)
-                s = F32(1) / (F32(1) + e)
-                es = e * s * s  # first: e alone may be 5e34, times x it would overflow
-                v = d[i, j] * (s + x * F32(2) * es * K * (F32(1) + K3 * x2))
-                d[i, j] = v
-                acc[j] += v
+            fi, di, ai = f[i], d[i], a[i]
+            if erf:
+                for j in range(c):
+                    y, dy = gelu_erf_grad(fi[j])
+                    ai[j] = y
+                    v = di[j] * dy
+                    di[j] = v
+                    acc[j] += v
+            else:
+                for j in range(c):
+                    y, dy = gelu_tanh_grad(fi[j])
+                    ai[j] = y
+                    v = di[j] * dy
+                    di[j] = v
+                    acc[j] += v
 
 
 @jit(parallel=True, fastmath=FM)
