@@ -23,10 +23,13 @@ from .graph import (
     constant,
     enable_grad,
     is_tensor,
+    model_epoch,
     node_output,
+    note_effect,
     retaining,
     saved_links,
     set_grad_enabled,
+    watch,
 )
 from .walk import (
     accumulate_grad,
@@ -349,6 +352,7 @@ class RemovableHandle:
         self._hooks, self._hook = hooks, hook
 
     def remove(self) -> None:
+        model_epoch[0] += 1  # (a module's forward hook: compile's signature reads them)
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
 
@@ -363,6 +367,8 @@ class RemovableHandle:
 def register_hook(t, hook) -> RemovableHandle:
     """Run ``hook(grad)`` when t's gradient is computed (before a leaf accumulates it)."""
     global _registered
+    if watch.traces:
+        note_effect("it registers a gradient hook on a tensor (replay would not)")
     if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that does not require grad")
     if t._node is None:
