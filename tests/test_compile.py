@@ -7,6 +7,8 @@ of ops cannot replay runs eagerly, saying why in one line.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -190,8 +192,8 @@ def test_a_forward_that_sets_a_module_attribute_runs_eagerly():
             np.testing.assert_allclose(m(x).detach().numpy(), want, rtol=1e-6)
 
 
-def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
-    noise = np.random.default_rng(0)  # NumPy's own generator: no guard can see its state
+def test_a_forward_that_draws_from_numpys_generator_runs_eagerly():
+    noise = np.random.default_rng(0)  # NumPy's own generator: the trace cannot see its draws
     scales = []
 
     def f(x):
@@ -199,10 +201,23 @@ def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
         return x * scales[-1]
 
     g = tg.compile(f)
-    with pytest.warns(CompileWarning, match="changed between two calls"):
+    with pytest.warns(CompileWarning, match="a random generator other than tensorgrad's"):
         for _ in range(4):
             x = tg.randn(2, 3)
             np.testing.assert_allclose(g(x).numpy(), x.numpy() * scales[-1], rtol=1e-6)
+
+
+def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
+    counter, expected = itertools.count(1), itertools.count(1)  # (no guard sees a position)
+
+    def f(x):
+        return x * float(next(counter))
+
+    g = tg.compile(f)
+    with pytest.warns(CompileWarning, match="changed between two calls"):
+        for _ in range(4):
+            x = tg.randn(2, 3)
+            np.testing.assert_allclose(g(x).numpy(), x.numpy() * next(expected), rtol=1e-6)
 
 
 def test_hooks_on_a_submodule_keep_it_eager():
@@ -891,7 +906,9 @@ def test_an_edited_gpt_compiles_its_residual_adds_with_their_layer_norms():
         for _ in range(3):
             _, loss = c(tg.tensor(idx), tg.tensor(idx))
             loss.backward()
-        patterns = compiled_forward(c).summary()["patterns"][-1]
+        summary = compiled_forward(c).summary()
+        assert summary["patterns"], summary["eager"]
+        patterns = summary["patterns"][-1]
     finally:
         MLP.forward = orig
     assert patterns.get("residual adds with their LayerNorm as one kernel") == 4, patterns

@@ -1,5 +1,5 @@
 """tensorgrad.compile never replays a stale graph: whatever the forward read is guarded, or the
-forward runs eagerly with one line (docs/compile.md, "Guards" and "Falls back").
+forward runs eagerly with one line (docs/compile.md: "Guards", "When it runs eagerly").
 
 Each case runs a compiled and an eager copy of one forward (equal weights) for several calls,
 changing one piece of Python state between calls (an attribute, a global, a closure variable,

@@ -4,10 +4,12 @@
     loss = model(x, y)[1]          # 1st and 2nd call: eager, traced; then: replayed
 
 How (docs/compile.md tells it on the GPT block):
-- **Guards.** A call's signature is the shapes, dtypes, devices and requires_grad of its
-  tensors and arrays, its plain arguments (ints, strings, None), grad mode, each submodule's
-  training flag and the identity of its parameters and buffers. A new signature is traced
-  afresh (at most ``MAX_SIGNATURES`` of them; beyond that the forward runs eagerly).
+- **Guards** (``guards.py``). A call's signature is the shapes, dtypes, devices, aliasing
+  and requires_grad of its tensors and arrays, its plain arguments, grad mode, and each
+  submodule (the object), its training flag and its parameters and buffers. Beside it, the
+  Python state the traced code read (globals, closure cells, module and class attributes
+  named in its code, a patched ``forward``) is checked before each replay; a change traces
+  that state afresh (at most ``MAX_SIGNATURES`` traces in all; beyond that: eagerly).
 - **Trace** (``trace.py``). The forward runs eagerly while the tape's op observer records
   each op; the result of that call is the eager one. The second call with the same signature
   is traced again and the two traces compared: a graph that changes with no guard changing
@@ -19,11 +21,12 @@ How (docs/compile.md tells it on the GPT block):
   backwards in reverse. ``backward(create_graph=True)`` through it works: the ops run again
   eagerly on the saved inputs and that graph is differentiated.
 - **Fall back.** A forward that reads a tensor's value in Python, writes a tensor in place,
-  draws random numbers outside an op, calls a user's autograd.Function, takes an argument
-  that is not a tensor, array or plain value, or has hooks on a submodule runs eagerly: one
-  line (a ``CompileWarning``) says why, once. ``fullgraph=True`` raises instead.
+  draws random numbers outside an op, sets a module attribute, ``.data``, a hook or the seed,
+  calls a user's autograd.Function, takes an argument that is not a tensor, array or plain
+  value, or has hooks on a submodule runs eagerly: one line (a ``CompileWarning``) says why,
+  once. ``fullgraph=True`` raises instead.
 
-Imports: numpy, time, warnings, .fuse, .replay, .trace, ..autograd, ..devices, ..tensor.
+Imports: sys, threading, time, warnings, .fuse, .guards, .replay, .trace, ..autograd, ..tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import threading
 import time
 import warnings
 
+from ..autograd import graph as tape
 from ..autograd.graph import constant, is_grad_enabled
 from ..tensor import Tensor
 from .fuse import FusedElementwise, plan
@@ -51,10 +55,11 @@ class Variant:
     """One way a signature was traced: its state ("seen" once, "ready" to replay, "eager"
     with its reason), its graph and the guards of the Python state the forward read."""
 
-    __slots__ = ("state", "graph", "guards", "reason")
+    __slots__ = ("state", "graph", "guards", "reason", "codes")
 
-    def __init__(self, state, graph, guards, reason=None):
+    def __init__(self, state, graph, guards, reason=None, codes=None):
         self.state, self.graph, self.guards, self.reason = state, graph, guards, reason
+        self.codes = codes or {}  # the code objects its trace ran (guards.py)
 
 
 class CompiledForward:
@@ -69,7 +74,18 @@ class CompiledForward:
         self.lock = threading.Lock()  # (two threads calling it: one updates entries at a time)
         self.state = ModuleState()  # the module's part of the signature, while it holds
 
+    def __deepcopy__(self, memo):
+        """A copy of the module gets its own compiled forward, traced afresh (an EMA copy, a
+        best-model snapshot): the copy's forward bound to the copied module."""
+        module = memo.get(id(self.module), self.module)
+        fn = self.fn
+        if getattr(fn, "__self__", None) is self.module and self.module is not None:
+            fn = fn.__func__.__get__(module)
+        return CompiledForward(fn, module, self.fullgraph)
+
     def __call__(self, *args, **kwargs):
+        if tape.watch.traces:  # inside another compiled forward's trace: run as written, so
+            return self.fn(*args, **kwargs)  # the outer trace records its ops and its Python
         try:
             key, live = signature(args, kwargs, self.module, is_grad_enabled(), self.state)
         except Uncompilable as e:
@@ -83,7 +99,7 @@ class CompiledForward:
                 changed = changed or what
                 continue
             if v.state == "ready":
-                return self._replay(v.graph, live)
+                return self._replay(v.graph, live, args, kwargs)
             if v.state == "eager":
                 return self.fn(*args, **kwargs)
             seen = v
@@ -108,7 +124,16 @@ class CompiledForward:
         with tracing(tracer):
             out = self.fn(*args, **kwargs)
         graph = tracer.finish(out)
-        guards = state_guards(tracer.codes, self.module, self.fn)
+        if seen is not None:  # the Python both traces ran (a cached helper runs in one)
+            for code, glob in seen.codes.items():
+                tracer.codes.setdefault(code, glob)
+        guards = state_guards(tracer, self.module, self.fn)
+        if graph.reason is None:
+            graph.reason = guards.reason
+        if graph.reason is None and seen is not None:
+            what = seen.guards.changed()  # the first trace's state, after the second call
+            if what is not None:
+                graph.reason = f"it changes Python state that it reads: {what}"
         if graph.reason is None and not any(s.kind == "v" for s in _leaves(graph.outputs)):
             graph.reason = "it returns no tensor"
         if graph.reason is None and seen is not None and not same_graph(seen.graph, graph):
@@ -130,7 +155,8 @@ class CompiledForward:
                     graph.composites = _composites(graph)
                 else:
                     graph.plan, graph.composites = seen.graph.plan, seen.graph.composites
-                variants.append(Variant("seen" if seen is None else "ready", graph, guards))
+                state = "seen" if seen is None else "ready"
+                variants.append(Variant(state, graph, guards, None, tracer.codes))
         self.trace_s += time.perf_counter() - t0
         if graph.reason is not None:
             self._say(graph.reason)
@@ -139,16 +165,21 @@ class CompiledForward:
             return out  # (the GPU's generator state is not restored: its eager result)
         del out, tracer  # the eager run's graph is freed before the replay
         random_state(rng)
-        return self._replay(graph, live)
+        return self._replay(graph, live, args, kwargs)
 
-    def _replay(self, graph: Graph, live):
-        args = [
+    def _replay(self, graph: Graph, live, args, kwargs):
+        used = [
             live[s].detach()
             if s not in graph.grad_used and isinstance(live[s], Tensor) and live[s].requires_grad
             else live[s]
             for s in graph.used
         ]
-        outs = Replay.apply(*args, graph=graph)
+        rng = random_state()
+        try:
+            outs = Replay.apply(*used, graph=graph)
+        except Exception:  # an op refused these inputs (an id out of range, say): the
+            random_state(rng)  # forward as written decides (it may catch it, as eagerly)
+            return self.fn(*args, **kwargs)
         it = iter(outs)
         grad = is_grad_enabled()
 

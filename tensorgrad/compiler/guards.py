@@ -21,12 +21,14 @@ Two parts, as torch.compile's guards have them:
 Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
 library is not listed: what it reads is recorded as ops and kernels, or never changes.
 
-Imports: gc, sys, types, numpy, ..autograd, ..devices, ..tensor.
+Imports: dataclasses, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import random
 import sys
 import types
 
@@ -36,8 +38,9 @@ from ..autograd.graph import model_epoch
 from ..devices import device_of
 from ..tensor import Tensor
 
+TENSOR = "(tensor)"  # the key of a constant tensor's guard: its memory and requires_grad
 MISSING = object()  # a name that was absent when traced (a later global would shadow a builtin)
-SMALL = 64  # a container of at most this many plain items is guarded by a copy of them
+SMALL = 256  # a container of at most this many items is guarded by a copy of them
 # internals of a Module's __dict__ that the signature covers (or that hold no model state)
 _MODULE_KEYS = {"_parameters", "_modules", "_buffers", "_non_persistent", "training"}
 _MODULE_KEYS |= {"_forward_pre_hooks", "_forward_hooks", "_made_in_trace"}
@@ -159,6 +162,7 @@ def _module_signature(root, parts: list, live: list, where: dict) -> None:
                 f"{type(m).__name__} has forward hooks (they run only in eager mode)"
             )
         parts.append(m)  # the module itself: kept alive by the key, compared by identity
+        parts.append(type(m))  # (m.__class__ = Other)
         parts.append(d["training"])
         for t in (*d["_parameters"].values(), *d["_buffers"].values()):
             if t is not None and id(t) not in seen:
@@ -194,11 +198,16 @@ def guarded_code(frame) -> bool:
     return not (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
 
 
+_GENERATORS = (random.Random, np.random.Generator, np.random.RandomState)
+
+
 class StateGuards:
     """The Python values a trace read, each with the value it had: ``holds()`` before a
-    replay, ``changed()`` names the first one that does not."""
+    replay, ``changed()`` names the first one that does not. ``reason``: why the forward
+    cannot be replayed whatever the state (it reads a foreign random generator)."""
 
     def __init__(self):
+        self.reason: str | None = None
         self.items: list = []  # [label, container, key, expected, copy-or-MISSING]
         self.settled: list = []  # the items of module attributes held by identity: a change
         # bumps model_epoch, so they are checked only when it moved
@@ -244,6 +253,8 @@ class StateGuards:
 
 
 def _read(container, key):
+    if key is TENSOR:  # a constant tensor: its memory, while it needs no gradient
+        return container.array if not container.requires_grad else MISSING
     if key is None:  # a closure cell
         try:
             return container.cell_contents
@@ -252,30 +263,42 @@ def _read(container, key):
     return container.get(key, MISSING)
 
 
-def _copy(value):
-    """A copy of a container's or a plain object's plain contents (MISSING where the value is
-    guarded by identity alone)."""
+def _copy(value, depth: int = 2):
+    """A copy of a container's, a plain object's or a small NumPy array's contents (nested
+    ones too, ``depth`` levels down), or MISSING where the value is guarded by identity alone
+    (a plain value, a function, a class, a module, a large container)."""
     if is_plain(value) or value is MISSING:
         return MISSING
+    if isinstance(value, np.ndarray):
+        if value.size > 4096 or value.dtype.hasobject:
+            return MISSING
+        return ("array", value.shape, value.dtype.str, value.tobytes())
     if isinstance(value, (list, tuple, set, frozenset)):
         if isinstance(value, tuple) and all(is_plain(v) for v in value):
             return MISSING  # immutable: identity or equality says it all
-        return [_item(v) for v in value] if len(value) <= SMALL else MISSING
+        return [_item(v, depth) for v in value] if len(value) <= SMALL else MISSING
     if isinstance(value, dict):
-        return {k: _item(v) for k, v in value.items()} if len(value) <= SMALL else MISSING
+        return {k: _item(v, depth) for k, v in value.items()} if len(value) <= SMALL else MISSING
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
         return MISSING
     if isinstance(value, Tensor):
-        return ("tensor", id(value.array))  # a tensor's memory swapped (t.data = ...)
-    fields = getattr(value, "__dict__", None)
-    if isinstance(fields, dict) and not callable(value) and "_parameters" not in fields:
-        # a plain object (a config), not a module nor a callable (compile's own forward)
-        return {k: _item(v) for k, v in fields.items()} if len(fields) <= SMALL else MISSING
-    return MISSING
+        return ("tensor", id(value.array), value.requires_grad)  # t.data = ..., requires_grad_
+    if callable(value):
+        return MISSING  # a callable object (compile's own forward): by identity
+    if dataclasses.is_dataclass(value):  # (with __slots__ too)
+        fields = {f.name: getattr(value, f.name, MISSING) for f in dataclasses.fields(value)}
+    else:
+        fields = getattr(value, "__dict__", None)
+        if not isinstance(fields, dict) or "_parameters" in fields:  # (a module: its own guards)
+            return MISSING
+    return {k: _item(v, depth) for k, v in fields.items()} if len(fields) <= SMALL else MISSING
 
 
-def _item(v):
-    return v if is_plain(v) else ("id", id(v))
+def _item(v, depth: int):
+    if is_plain(v):
+        return v
+    inner = _copy(v, depth - 1) if depth > 0 else MISSING
+    return ("id", id(v)) if inner is MISSING else ("copy", id(v), inner)
 
 
 def _show(v) -> str:
@@ -285,29 +308,54 @@ def _show(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-def state_guards(codes: dict, root, fn) -> StateGuards:
-    """The guards of the Python state that the code objects run during a trace can read:
-    ``codes`` maps each code object to its frame's globals."""
+def state_guards(tracer, root, fn) -> StateGuards:
+    """The guards of the Python state that a trace's code can read: the globals its code
+    objects name (and, for a Python module or a class among them, the attributes of names the
+    code spells: ``config.SCALE``, ``F.gelu``), their closure cells, and on every module of
+    the tree (and every module whose method ran, for a compiled function) the attributes of
+    those names; and the constant tensors it read (a later requires_grad_() or .data)."""
     g = StateGuards()
     names: set = set()
-    for code, glob in codes.items():
-        names.update(code.co_names)
+    for code, glob in tracer.codes.items():
+        spelled = [*code.co_names, *(c for c in code.co_consts if _identifier(c))]
+        names.update(spelled)  # (a string constant: getattr(self, "scale"))
         where = glob.get("__name__", "?")
         for name in code.co_names:
-            if name in glob:
-                g.add(f"the global {where}.{name}", glob, name)
+            if name not in glob:
+                continue
+            g.add(f"the global {where}.{name}", glob, name)
+            value = glob[name]
+            g.reason = g.reason or _foreign_random(value, name)
+            if isinstance(value, (types.ModuleType, type)) and "_parameters" not in vars(value):
+                attrs = vars(value)
+                for attr in code.co_names:
+                    if attr in attrs and not attr.startswith("__"):
+                        g.add(f"{name}.{attr}", attrs, attr)
+                        g.reason = g.reason or _foreign_random(attrs[attr], f"{name}.{attr}")
         if code.co_freevars:
             for f in _functions_of(code):
                 for name, cell in zip(code.co_freevars, f.__closure__ or ()):
                     g.add(f"the closure variable {name} of {f.__qualname__}", cell, None)
+                    value = _read(cell, None)
+                    g.reason = g.reason or _foreign_random(value, name)
     fn = getattr(fn, "__func__", fn)  # a bound method's function
     code = getattr(fn, "__code__", None)
     for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", ()) or ()):
         g.add(f"the closure variable {name} of {fn.__qualname__}", cell, None)
-    if root is not None:
-        classes: dict = {}
-        for m in modules_of(root):
+    for t in tracer.constants:
+        g.add(f"a constant tensor it read ({tuple(t.shape)})", t, TENSOR)
+    roots = [] if root is None else [root]
+    roots += [m for m in tracer.modules.values() if m is not root]
+    seen: set = set()
+    classes: dict = {}
+    for top in roots:
+        for m in modules_of(top):
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
             d, cls = m.__dict__, type(m)
+            if m is not root:  # a module outside the compiled tree: its flag, and itself
+                g.add(f"{cls.__name__}.training", d, "training", module=True)
             for name in d:
                 if name in names and name not in _MODULE_KEYS and not _registered(d, name):
                     if m is root and name == "forward":
@@ -316,17 +364,31 @@ def state_guards(codes: dict, root, fn) -> StateGuards:
             if m is not root:  # (the root's forward is compile's own)
                 g.add(f"{cls.__name__}.forward (instance)", d, "forward", module=True)
             classes.setdefault(cls, []).append(d)
-        for cls, dicts in classes.items():  # class attributes and methods read through self
-            for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
-                for klass in cls.__mro__[:-1]:  # (not object)
-                    if name in klass.__dict__:
-                        g.add(f"{klass.__name__}.{name}", klass.__dict__, name)
-                        value = klass.__dict__[name]
-                        if not callable(value) and not isinstance(value, property):
-                            for d in dicts:  # a later instance attribute would shadow it
-                                g.add(f"{cls.__name__}.{name} (instance)", d, name, True)
-                        break
+    for cls, dicts in classes.items():  # class attributes and methods read through self
+        for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
+            for klass in cls.__mro__[:-1]:  # (not object); super() reaches the later ones
+                if name in klass.__dict__:
+                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name)
+                    value = klass.__dict__[name]
+                    if not callable(value) and not isinstance(value, property):
+                        for d in dicts:  # a later instance attribute would shadow it
+                            g.add(f"{cls.__name__}.{name} (instance)", d, name, True)
     return g
+
+
+def _identifier(c) -> bool:
+    return isinstance(c, str) and c.isidentifier()
+
+
+def _foreign_random(value, name: str) -> str | None:
+    """A reason to run eagerly when ``value`` is Python's or NumPy's random generator: draws
+    from them are invisible to the trace, so a replay would repeat the traced ones."""
+    if value is random or value is np.random or isinstance(value, _GENERATORS):
+        return (
+            f"it reads {name}, a random generator other than tensorgrad's (replay would repeat "
+            "its traced draws; use tg.rand or F.dropout)"
+        )
+    return None
 
 
 def _functions_of(code) -> list:

@@ -65,6 +65,7 @@ class Replay(tape.Op):
     eager mode, rather than a None the walk would take for a missing one)."""
 
     multi_output = True
+    none_is_no_gradient = True  # an input only another output reaches gets none (as eagerly)
     takes_none = True  # an output no gradient reached (the logits beside the loss) adds
     # nothing: zeros of its shape would be a whole (B, T, vocab) array, added to a real one
 

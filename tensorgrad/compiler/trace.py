@@ -143,6 +143,8 @@ class Tracer:
         self.draws = 0  # random draws since the last op
         self.thread = threading.get_ident()  # ops of other threads are not this forward's
         self.codes: dict = {}  # code object run during the trace -> its globals (guards.py)
+        self.modules: dict = {}  # id -> a module whose method ran (a compiled function's)
+        self.constants: list = []  # the tensors it read that are no value of the trace
         self.live_ids = {id(t) for t in live}  # (a returned input comes back as itself)
         for k, t in enumerate(live):
             self._bind(t, k)
@@ -188,6 +190,7 @@ class Tracer:
                     "it uses a tensor that requires grad and is neither an input, a "
                     "parameter nor a buffer"
                 )
+            self.constants.append(x)  # (guarded: a later requires_grad_() or .data)
             return ("c", x.array)
         return ("c", x)
 
@@ -345,8 +348,15 @@ def _profile(frame, event, arg):
         if guarded is None:
             guarded = _GUARDED[code] = guarded_code(frame)
         if guarded:
+            module = None
+            if code.co_argcount and code.co_varnames[0] == "self":
+                module = frame.f_locals.get("self")
+                if "_parameters" not in getattr(module, "__dict__", ()):
+                    module = None
             for tracer in tape.watch.traces:
                 tracer.codes.setdefault(code, frame.f_globals)
+                if module is not None:
+                    tracer.modules.setdefault(id(module), module)
 
 
 def _patch() -> None:
