@@ -288,10 +288,14 @@ class _Generators:
 
 
 generators = _Generators()
+seed_observers: list = []  # told of each manual_seed (a compile trace: replay would not reseed)
 
 
 def manual_seed(seed: int) -> None:
     """Seed every device's generator, so that a run repeats exactly."""
+    if seed_observers:
+        for observe in seed_observers:
+            observe()
     generators.manual_seed(seed)
 
 

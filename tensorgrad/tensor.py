@@ -23,6 +23,8 @@ import numpy as np
 from . import autograd
 from . import devices as _devices
 from .autograd import Op
+from .autograd.graph import model_epoch, note_effect
+from .autograd.graph import watch as _watch
 from .devices import device_of, get_array_module, shares_memory, to_device, to_numpy
 from .indexing import index_steps
 from .ops import elementwise as E
@@ -79,7 +81,8 @@ class Tensor(Extras):
         self.name = None
         self._base = self._view_fn = self._views = self._hooks = None
         self._requires_grad = False
-        self.requires_grad = requires_grad
+        if requires_grad:  # (through the setter: its checks)
+            self.requires_grad = requires_grad
 
     @staticmethod
     def _leaf(data) -> Tensor:
@@ -104,7 +107,13 @@ class Tensor(Extras):
 
     @array.setter
     def array(self, value):  # a Tensor given stores its array, as p.data = t does
-        self._array = value._array if isinstance(value, Tensor) else storable(value)
+        if _watch.traces:  # inside a compile trace: a traced tensor's memory swapped
+            note_effect("it assigns a tensor's .data (replay would skip the assignment)", self)
+        new = value._array if isinstance(value, Tensor) else storable(value)
+        old = self._array
+        if self._requires_grad or old.shape != new.shape or old.dtype != new.dtype:
+            model_epoch[0] += 1  # (compile's signature: a parameter's memory or meta)
+        self._array = new
 
     @property
     def data(self) -> Tensor:
@@ -128,6 +137,7 @@ class Tensor(Extras):
                 "requires_grad can only be turned off on leaf tensors; use .detach()"
             )
         self._requires_grad = bool(value)
+        model_epoch[0] += 1  # (compile's signature reads it)
 
     def requires_grad_(self, value: bool = True) -> Tensor:
         self.requires_grad = value
@@ -232,6 +242,7 @@ class Tensor(Extras):
 
     def detach_(self) -> Tensor:
         self._node, self._requires_grad = None, False
+        model_epoch[0] += 1
         return self
 
     def clone(self) -> Tensor:

@@ -7,6 +7,8 @@ of ops cannot replay runs eagerly, saying why in one line.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -180,14 +182,42 @@ def test_what_cannot_be_replayed_runs_eagerly_saying_why(make, why):
     assert compiled_forward(compiled).summary()["compiled"] == 0
 
 
-def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
+def test_a_forward_that_sets_a_module_attribute_runs_eagerly():
     m = tg.compile(CountsCalls())
-    with pytest.warns(CompileWarning, match="changed between two calls"):
+    with pytest.warns(CompileWarning, match="it sets CountsCalls.calls"):
         for i in range(1, 6):
             x = tg.randn(2, 3)
             with tg.no_grad():
                 want = (m.lin(x) * float((i % 3) + 1)).numpy()
             np.testing.assert_allclose(m(x).detach().numpy(), want, rtol=1e-6)
+
+
+def test_a_forward_that_draws_from_numpys_generator_runs_eagerly():
+    noise = np.random.default_rng(0)  # NumPy's own generator: the trace cannot see its draws
+    scales = []
+
+    def f(x):
+        scales.append(noise.random())
+        return x * scales[-1]
+
+    g = tg.compile(f)
+    with pytest.warns(CompileWarning, match="a random generator other than tensorgrad's"):
+        for _ in range(4):
+            x = tg.randn(2, 3)
+            np.testing.assert_allclose(g(x).numpy(), x.numpy() * scales[-1], rtol=1e-6)
+
+
+def test_a_graph_that_changes_with_no_guard_changing_runs_eagerly():
+    counter, expected = itertools.count(1), itertools.count(1)  # (no guard sees a position)
+
+    def f(x):
+        return x * float(next(counter))
+
+    g = tg.compile(f)
+    with pytest.warns(CompileWarning, match="changed between two calls"):
+        for _ in range(4):
+            x = tg.randn(2, 3)
+            np.testing.assert_allclose(g(x).numpy(), x.numpy() * next(expected), rtol=1e-6)
 
 
 def test_hooks_on_a_submodule_keep_it_eager():
@@ -372,7 +402,7 @@ UNARY = {
 
 
 def fused_names(f) -> list[str]:
-    (entry,) = [e for e in f.entries.values() if e[0] == "ready"]
+    (entry,) = [("ready", v.graph) for vs in f.entries.values() for v in vs if v.state == "ready"]
     return [s.impl.__name__ for s in entry[1].plan]
 
 
@@ -740,7 +770,7 @@ def test_attention_written_out_runs_as_one_attention_op(dtype, L, hs, kernel):
         got = attention_run(c, arrays, w)
     names = fused_names(c)
     assert kernel in names and "MatMul" not in names and "NumbaSoftmax" not in names, names
-    assert sum(e[0] == "ready" for e in c.entries.values()) == 1
+    assert sum(v.state == "ready" for vs in c.entries.values() for v in vs) == 1
     assert c.summary()["patterns"] == [{"causal attentions as one attention op": 1}]
     tol = 1e-10 if dtype == np.float64 else 2e-5
     for name, a, b in zip(("out", "q", "k", "v"), got, want):
@@ -876,7 +906,9 @@ def test_an_edited_gpt_compiles_its_residual_adds_with_their_layer_norms():
         for _ in range(3):
             _, loss = c(tg.tensor(idx), tg.tensor(idx))
             loss.backward()
-        patterns = compiled_forward(c).summary()["patterns"][-1]
+        summary = compiled_forward(c).summary()
+        assert summary["patterns"], summary["eager"]
+        patterns = summary["patterns"][-1]
     finally:
         MLP.forward = orig
     assert patterns.get("residual adds with their LayerNorm as one kernel") == 4, patterns

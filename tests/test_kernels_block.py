@@ -141,7 +141,8 @@ def compiled_kernels(model, steps=3, **data) -> list[str]:
     idx = np.random.default_rng(0).integers(0, 11, (2, 8))
     for _ in range(steps):
         model(idx, idx, **data)[1].backward()
-    ready = [e[1] for e in compiled_forward(model).entries.values() if e[0] == "ready"]
+    entries = compiled_forward(model).entries.values()
+    ready = [v.graph for vs in entries for v in vs if v.state == "ready"]
     return [s.impl.__name__ for g in ready for s in g.plan]
 
 

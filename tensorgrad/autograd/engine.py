@@ -23,10 +23,13 @@ from .graph import (
     constant,
     enable_grad,
     is_tensor,
+    model_epoch,
     node_output,
+    note_effect,
     retaining,
     saved_links,
     set_grad_enabled,
+    watch,
 )
 from .walk import (
     accumulate_grad,
@@ -58,6 +61,8 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph: bool =
     ``grad_tensors`` weighs each output (required for non-scalars); ``create_graph`` records
     the backward so the gradients can be differentiated again (``retain_graph`` defaults to
     it)."""
+    if watch.traces and not create_graph:
+        note_effect("it runs backward() inside the forward (off the tape: replay would not)")
     retain = create_graph if retain_graph is None else retain_graph
     try:
         roots = _roots(tensors, grad_tensors, create_graph, "backward")
@@ -88,6 +93,8 @@ def grad(
 
     An input the outputs do not depend on raises unless ``allow_unused`` (then its entry is
     None, or zeros with ``materialize_grads``)."""
+    if watch.traces and not create_graph:
+        note_effect("it takes autograd.grad inside the forward without create_graph (off the tape)")
     single = is_tensor(inputs)
     inputs = (inputs,) if single else tuple(inputs)
     for i, x in enumerate(inputs):
@@ -349,6 +356,7 @@ class RemovableHandle:
         self._hooks, self._hook = hooks, hook
 
     def remove(self) -> None:
+        model_epoch[0] += 1  # (a module's forward hook: compile's signature reads them)
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
 
@@ -363,6 +371,8 @@ class RemovableHandle:
 def register_hook(t, hook) -> RemovableHandle:
     """Run ``hook(grad)`` when t's gradient is computed (before a leaf accumulates it)."""
     global _registered
+    if watch.traces:
+        note_effect("it registers a gradient hook on a tensor (replay would not)")
     if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that does not require grad")
     if t._node is None:
@@ -385,6 +395,8 @@ def retain_grad(t) -> None:
     """Keep non-leaf t's gradient in its ``.grad`` during ``backward()`` (``Tensor.retain_grad``;
     a leaf always keeps its own)."""
     global _registered
+    if watch.traces:
+        note_effect("it calls retain_grad() (replay would not keep the gradient)")
     if t._node is not None:
         if t._node.retained is None:
             t._node.retained = {}

@@ -33,6 +33,9 @@ from .graph import (
     no_grad,
     op_observers,
 )
+from .graph import (
+    watch as graph_watch,
+)
 
 
 class FunctionCtx:
@@ -106,7 +109,9 @@ class Function:
                     f"{cls.__name__}.forward returned {type(o).__name__} as output {j}; "
                     "return tensors"
                 )
-        if op_observers:  # a user's Function is opaque to a trace: it is told so (fn None)
+        if (
+            op_observers and graph_watch.hidden == 0
+        ):  # a user's Function is opaque to a trace: it is told so (fn None)
             for observe in op_observers:
                 observe(cls, None, args, kwargs, outs)
         if not (is_grad_enabled() and any(needs)):

@@ -153,8 +153,39 @@ RELEASED_MSG = (
 # Callables told of every op as it runs, after its forward: observe(reference Op class, the
 # instance that ran (a kernel's, or the reference's), inputs, kwargs, output Tensors). Empty
 # but for tools that watch a forward (tensorgrad.compile traces one): the hot path pays one
-# truthiness test.
+# truthiness test. Process-wide: an observer that watches one thread's forward compares
+# threading.get_ident() itself.
 op_observers: list = []
+
+
+class _Watch(threading.local):
+    """Per thread: how deep in ``unobserved()`` blocks it is (ops there are shown to no
+    observer), and the compile traces running in it, innermost last, which Python state
+    changes (a module attribute set, a hook registered, a reseed) are reported to."""
+
+    hidden = 0
+    traces: tuple = ()
+
+
+watch = _Watch()
+# Bumped by every change a compiled forward's signature reads from modules and parameters (a
+# module attribute set or deleted, a buffer registered, a hook added or removed, train/eval, a
+# parameter's requires_grad, a tensor's memory swapped for another shape or dtype, or any
+# memory of a tensor that requires grad): while it stands still, the last signature holds.
+model_epoch = [0]
+
+
+def observed() -> bool:
+    """Whether ops run now are shown to observers (not inside an ``unobserved()`` block)."""
+    return not watch.hidden
+
+
+def note_effect(what: str, tensor=None) -> None:
+    """Tell the compile traces running in this thread of an effect their replay would skip
+    (``what``: "it sets Block.last_h"; ``tensor``: the one it changes, when a change to a
+    tensor outside the trace is none of its business); each then runs its forward eagerly."""
+    for trace in watch.traces:
+        trace.effect(what, tensor)
 
 
 class Op:
@@ -251,7 +282,7 @@ class Op:
                     kwargs,
                     [(x._version, x._version[0], x._array.shape) for x in inputs if is_tensor(x)],
                 )
-        if op_observers:  # someone watches the ops run (tensorgrad.compile's trace)
+        if op_observers and not watch.hidden:  # someone watches (tensorgrad.compile's trace)
             for observe in op_observers:
                 observe(cls, fn, inputs, kwargs, results)
         return tuple(results) if impl.multi_output else results[0]

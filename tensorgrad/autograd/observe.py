@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .graph import op_observers
+from .graph import op_observers, watch
 
 
 class record_ops(contextlib.ContextDecorator):
@@ -35,13 +35,13 @@ class record_ops(contextlib.ContextDecorator):
 
 class unobserved(contextlib.ContextDecorator):
     """Ops run inside are not shown to op observers: a side computation that is not part of
-    the forward being watched (a model's self-check on a copy of itself), so that neither a
-    trace (tensorgrad.compile) nor a tool that records stages (record_ops) takes it in."""
+        the forward being watched (a model's self-check on a copy of itself), so that neither a
+        trace (tensorgrad.compile) nor a tool that records stages (record_ops) takes it in. It
+    hides this thread's ops only."""
 
     def __enter__(self):
-        self.saved = list(op_observers)
-        op_observers.clear()
+        watch.hidden += 1  # this thread's ops only: another thread's trace still sees its own
 
     def __exit__(self, *exc):
-        op_observers[:] = self.saved
+        watch.hidden -= 1
         return False

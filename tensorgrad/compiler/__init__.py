@@ -4,10 +4,12 @@
     loss = model(x, y)[1]          # 1st and 2nd call: eager, traced; then: replayed
 
 How (docs/compile.md tells it on the GPT block):
-- **Guards.** A call's signature is the shapes, dtypes, devices and requires_grad of its
-  tensors and arrays, its plain arguments (ints, strings, None), grad mode, each submodule's
-  training flag and the identity of its parameters and buffers. A new signature is traced
-  afresh (at most ``MAX_SIGNATURES`` of them; beyond that the forward runs eagerly).
+- **Guards** (``guards.py``). A call's signature is the shapes, dtypes, devices, aliasing
+  and requires_grad of its tensors and arrays, its plain arguments, grad mode, and each
+  submodule (the object), its training flag and its parameters and buffers. Beside it, the
+  Python state the traced code read (globals, closure cells, module and class attributes
+  named in its code, a patched ``forward``) is checked before each replay; a change traces
+  that state afresh (at most ``MAX_SIGNATURES`` traces in all; beyond that: eagerly).
 - **Trace** (``trace.py``). The forward runs eagerly while the tape's op observer records
   each op; the result of that call is the eager one. The second call with the same signature
   is traced again and the two traces compared: a graph that changes with no guard changing
@@ -19,27 +21,28 @@ How (docs/compile.md tells it on the GPT block):
   backwards in reverse. ``backward(create_graph=True)`` through it works: the ops run again
   eagerly on the saved inputs and that graph is differentiated.
 - **Fall back.** A forward that reads a tensor's value in Python, writes a tensor in place,
-  draws random numbers outside an op, calls a user's autograd.Function, takes an argument
-  that is not a tensor, array or plain value, or has hooks on a submodule runs eagerly: one
-  line (a ``CompileWarning``) says why, once. ``fullgraph=True`` raises instead.
+  draws random numbers outside an op, sets a module attribute, ``.data``, a hook or the seed,
+  calls a user's autograd.Function, takes an argument that is not a tensor, array or plain
+  value, or has hooks on a submodule runs eagerly: one line (a ``CompileWarning``) says why,
+  once. ``fullgraph=True`` raises instead.
 
-Imports: numpy, time, warnings, .fuse, .replay, .trace, ..autograd, ..devices, ..tensor.
+Imports: sys, threading, time, warnings, .fuse, .guards, .replay, .trace, ..autograd, ..tensor.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 import warnings
 
-import numpy as np
-
-from .. import devices
+from ..autograd import graph as tape
 from ..autograd.graph import constant, is_grad_enabled
-from ..devices import device_of
 from ..tensor import Tensor
 from .fuse import FusedElementwise, plan
-from .replay import Replay
-from .trace import Graph, Leaf, Tracer, is_plain, same_graph, tracing
+from .guards import ModuleState, Uncompilable, signature, state_guards
+from .replay import Replay, random_state
+from .trace import Graph, Leaf, Struct, Tracer, same_graph, tracing
 
 MAX_SIGNATURES = 8  # traces kept per compiled forward (shapes that change every call: eager)
 
@@ -48,8 +51,15 @@ class CompileWarning(UserWarning):
     """A compiled forward runs eagerly, and why."""
 
 
-class Uncompilable(Exception):
-    """This call cannot be compiled (its reason is the message)."""
+class Variant:
+    """One way a signature was traced: its state ("seen" once, "ready" to replay, "eager"
+    with its reason), its graph and the guards of the Python state the forward read."""
+
+    __slots__ = ("state", "graph", "guards", "reason", "codes")
+
+    def __init__(self, state, graph, guards, reason=None, codes=None):
+        self.state, self.graph, self.guards, self.reason = state, graph, guards, reason
+        self.codes = codes or {}  # the code objects its trace ran (guards.py)
 
 
 class CompiledForward:
@@ -58,94 +68,132 @@ class CompiledForward:
     def __init__(self, fn, module=None, fullgraph: bool = False):
         self.fn, self.module, self.fullgraph = fn, module, fullgraph
         self.name = getattr(fn, "__qualname__", type(fn).__name__)
-        self.entries: dict = {}  # signature -> ("seen" | "ready", Graph) or ("eager", reason)
+        self.entries: dict = {}  # signature -> [Variant, ...] (one per state of Python seen)
         self.said: set = set()
         self.trace_s = 0.0  # time spent tracing (the two eager calls that record)
+        self.lock = threading.Lock()  # (two threads calling it: one updates entries at a time)
+        self.state = ModuleState()  # the module's part of the signature, while it holds
+
+    def __deepcopy__(self, memo):
+        """A copy of the module gets its own compiled forward, traced afresh (an EMA copy, a
+        best-model snapshot): the copy's forward bound to the copied module."""
+        module = memo.get(id(self.module), self.module)
+        fn = self.fn
+        if getattr(fn, "__self__", None) is self.module and self.module is not None:
+            fn = fn.__func__.__get__(module)
+        return CompiledForward(fn, module, self.fullgraph)
 
     def __call__(self, *args, **kwargs):
+        if tape.watch.traces:  # inside another compiled forward's trace: run as written, so
+            return self.fn(*args, **kwargs)  # the outer trace records its ops and its Python
         try:
-            key, live = self._guard(args, kwargs)
+            key, live = signature(args, kwargs, self.module, is_grad_enabled(), self.state)
         except Uncompilable as e:
             self._say(str(e))
             return self.fn(*args, **kwargs)
-        entry = self.entries.get(key)
-        if entry is not None and entry[0] == "ready":
-            return self._replay(entry[1], live)
-        if entry is not None and entry[0] == "eager":
+        variants = self.entries.get(key, ())
+        seen, changed = None, None
+        for v in variants:
+            what = v.guards.changed()
+            if what is not None:
+                changed = changed or what
+                continue
+            if v.state == "ready":
+                return self._replay(v.graph, live, args, kwargs)
+            if v.state == "eager":
+                return self.fn(*args, **kwargs)
+            seen = v
+            break
+        if seen is None and sum(len(vs) for vs in self.entries.values()) >= MAX_SIGNATURES:
+            why = f"its inputs changed signature {MAX_SIGNATURES} times (shapes every call?)"
+            if changed:
+                why = f"{changed}, after {MAX_SIGNATURES} traces of it"
+            self._say(why)
             return self.fn(*args, **kwargs)
-        if entry is None and len(self.entries) >= MAX_SIGNATURES:
-            self._say(f"its inputs changed signature {MAX_SIGNATURES} times (shapes every call?)")
-            return self.fn(*args, **kwargs)
-        return self._trace(key, entry, args, kwargs, live)
-
-    # ------------------------------------------------------------------ guards
-    def _guard(self, args, kwargs):
-        parts, live = [is_grad_enabled()], []
-        for a in args:
-            _signature(a, parts, live)
-        for k in sorted(kwargs):
-            parts.append(k)
-            _signature(kwargs[k], parts, live)
-        if self.module is not None:
-            _module_signature(self.module, parts, live)
-        return tuple(parts), live
+        return self._trace(key, seen, args, kwargs, live)
 
     # ------------------------------------------------------------------ trace, replay
-    def _trace(self, key, entry, args, kwargs, live):
-        """Run the forward eagerly, recording it; the second trace of a signature must equal
-        the first before the graph is kept. A graph that can be replayed is replayed at once
-        on these inputs, from the random state the eager run started from, and that is what
-        the call returns: every call of a compiled forward computes the same way, traced or
-        not (a resumed run repeats an uninterrupted one bit for bit)."""
-        t0, rng = time.perf_counter(), _random_state()
+    def _trace(self, key, seen, args, kwargs, live):
+        """Run the forward eagerly, recording it; the second trace of a signature (and state)
+        must equal the first before the graph is kept. A graph that can be replayed is
+        replayed at once on these inputs, from the random state the eager run started from,
+        and that is what the call returns: every call of a compiled forward computes the
+        same way, traced or not (a resumed run repeats an uninterrupted one bit for bit)."""
+        t0, rng = time.perf_counter(), random_state()
         tracer = Tracer(live)
         with tracing(tracer):
             out = self.fn(*args, **kwargs)
         graph = tracer.finish(out)
+        if seen is not None:  # the Python both traces ran (a cached helper runs in one)
+            for code, glob in seen.codes.items():
+                tracer.codes.setdefault(code, glob)
+        guards = state_guards(tracer, self.module, self.fn)
+        if graph.reason is None:
+            graph.reason = guards.reason
+        if graph.reason is None and seen is not None:
+            what = seen.guards.changed()  # the first trace's state, after the second call
+            if what is not None:
+                graph.reason = f"it changes Python state that it reads: {what}"
         if graph.reason is None and not any(s.kind == "v" for s in _leaves(graph.outputs)):
             graph.reason = "it returns no tensor"
-        if graph.reason is None and entry is not None and not same_graph(entry[1], graph):
+        if graph.reason is None and seen is not None and not same_graph(seen.graph, graph):
             graph.reason = (
                 "its ops or constants changed between two calls of the same signature (an "
                 "array computed from an input's values, or Python that branches on one)"
             )
-        if graph.reason is not None:
-            self.entries[key] = ("eager", graph.reason)
-            self._say(graph.reason)
-            self.trace_s += time.perf_counter() - t0
-            return out
-        # composites as kernels, elementwise runs as generated ones (the first trace's plan
-        # serves the second, which is the same graph)
-        if entry is None:
-            graph.plan = plan(graph)
-            graph.composites = _composites(graph)
-        else:
-            graph.plan, graph.composites = entry[1].plan, entry[1].composites
-        self.entries[key] = ("seen" if entry is None else "ready", graph)
+        with self.lock:
+            variants = self.entries.setdefault(key, [])
+            if seen in variants:
+                variants.remove(seen)
+            if graph.reason is not None:
+                variants.append(Variant("eager", None, guards, graph.reason))
+            else:
+                # composites as kernels, elementwise runs as generated ones (the first
+                # trace's plan serves the second, which is the same graph)
+                if seen is None:
+                    graph.plan, graph.composites = plan(graph), 0
+                    graph.composites = _composites(graph)
+                else:
+                    graph.plan, graph.composites = seen.graph.plan, seen.graph.composites
+                state = "seen" if seen is None else "ready"
+                variants.append(Variant(state, graph, guards, None, tracer.codes))
         self.trace_s += time.perf_counter() - t0
+        if graph.reason is not None:
+            self._say(graph.reason)
+            return out
         if graph.device != "cpu":
             return out  # (the GPU's generator state is not restored: its eager result)
         del out, tracer  # the eager run's graph is freed before the replay
-        _random_state(rng)
-        return self._replay(graph, live)
+        random_state(rng)
+        return self._replay(graph, live, args, kwargs)
 
-    def _replay(self, graph: Graph, live):
-        args = [
+    def _replay(self, graph: Graph, live, args, kwargs):
+        used = [
             live[s].detach()
             if s not in graph.grad_used and isinstance(live[s], Tensor) and live[s].requires_grad
             else live[s]
             for s in graph.used
         ]
-        outs = Replay.apply(*args, graph=graph)
+        rng = random_state()
+        try:
+            outs = Replay.apply(*used, graph=graph)
+        except Exception:  # an op refused these inputs (an id out of range, say): the
+            random_state(rng)  # forward as written decides (it may catch it, as eagerly)
+            return self.fn(*args, **kwargs)
         it = iter(outs)
+        grad = is_grad_enabled()
 
-        def build(leaf):
-            if isinstance(leaf, Leaf):
-                if leaf.kind == "c":
-                    return leaf.v
-                t = next(it)
-                return t if graph.needs_grad[leaf.v] and is_grad_enabled() else constant(t.array)
-            return type(leaf)(build(x) for x in leaf)
+        def build(node):
+            if isinstance(node, Struct):
+                return node.build([build(x) for x in node.items])
+            if node.kind == "c":
+                return node.v
+            if node.kind == "t":
+                return constant(node.v.copy())  # a fresh constant, as eager makes one
+            if node.kind == "i":
+                return live[node.v]  # the input itself, as the eager forward returned it
+            t = next(it)
+            return t if node.rg and graph.needs_grad[node.v] and grad else constant(t.array)
 
         return build(graph.outputs)
 
@@ -156,12 +204,13 @@ class CompiledForward:
             raise RuntimeError(line)
         if line not in self.said:
             self.said.add(line)
-            warnings.warn(line, CompileWarning, stacklevel=3)
+            warnings.warn(line, CompileWarning, stacklevel=_user_level())
 
     def summary(self) -> dict:
         """What compiled: signatures replayed, ops per graph, kernels among them, trace time."""
-        ready = [e[1] for e in self.entries.values() if e[0] == "ready"]
-        eager = sorted({e[1] for e in self.entries.values() if e[0] == "eager"})
+        variants = [v for vs in self.entries.values() for v in vs]
+        ready = [v.graph for v in variants if v.state == "ready"]
+        eager = sorted({v.reason for v in variants if v.state == "eager"})
         return {
             "compiled": len(ready),
             "ops": [len(g.steps) for g in ready],
@@ -173,6 +222,14 @@ class CompiledForward:
             "eager": eager,
             "trace_s": self.trace_s,
         }
+
+
+def _user_level() -> int:
+    """warnings.warn's stacklevel that names the first caller outside tensorgrad."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tensorgrad."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _patterns(g: Graph) -> dict:
@@ -190,15 +247,6 @@ def _composites(g: Graph) -> int:
     return sum(id(s) not in traced and not issubclass(s.impl, FusedElementwise) for s in g.plan)
 
 
-def _random_state(state=None):
-    """The CPU generator and its state; given one, put it back."""
-    if state is None:
-        gen = devices.generators.cpu
-        return gen, gen.bit_generator.state
-    devices.generators.cpu = state[0]
-    state[0].bit_generator.state = state[1]
-
-
 def _leaves(x):
     if isinstance(x, Leaf):
         yield x
@@ -207,54 +255,7 @@ def _leaves(x):
             yield from _leaves(y)
 
 
-def _signature(x, parts: list, live: list) -> None:
-    """Append x's guard to parts, and its tensors/arrays (read afresh each call) to live."""
-    if isinstance(x, Tensor):
-        live.append(x)
-        a = x.array
-        parts.append(("T", a.shape, a.dtype, device_of(a), x.requires_grad, _contiguous(a)))
-    elif hasattr(x, "dtype") and hasattr(x, "shape") and not isinstance(x, np.generic):
-        live.append(x)
-        parts.append(("A", x.shape, x.dtype, device_of(x), _contiguous(x)))
-    elif isinstance(x, (tuple, list)):
-        parts.append((type(x), len(x)))
-        for y in x:
-            _signature(y, parts, live)
-    elif is_plain(x):
-        parts.append((type(x), x))
-    else:
-        raise Uncompilable(f"an argument is a {type(x).__name__}, not a tensor or plain value")
-
-
-def _contiguous(a) -> bool:
-    flags = getattr(a, "flags", None)
-    return bool(flags is not None and flags.c_contiguous)
-
-
-def _module_signature(root, parts: list, live: list) -> None:
-    """Append each submodule's training flag and each parameter's and buffer's (id, shape,
-    dtype, requires_grad) to ``parts``, and the tensors to ``live``: one walk of the tree,
-    every module and tensor once (a shared one at its first place), in a fixed order.
-    Raises Uncompilable where a submodule has forward hooks."""
-    seen, stack = set(), [root]
-    while stack:
-        m = stack.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        d = m.__dict__  # (read directly, not through properties: this runs every call)
-        if m is not root and (d.get("_forward_pre_hooks") or d.get("_forward_hooks")):
-            raise Uncompilable(
-                f"{type(m).__name__} has forward hooks (they run only in eager mode)"
-            )
-        parts.append(m.training)
-        for t in (*d["_parameters"].values(), *d["_buffers"].values()):
-            if t is not None and id(t) not in seen:
-                seen.add(id(t))
-                live.append(t)
-                a = t.array
-                parts.append((id(t), a.shape, a.dtype, t.requires_grad))
-        stack.extend(reversed(d["_modules"].values()))
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compile(  # noqa: A001  (torch.compile's name)
@@ -270,8 +271,22 @@ def compile(  # noqa: A001  (torch.compile's name)
     """Compile a module's forward in place and return the module (or wrap a function).
 
     As ``torch.compile``: usable as ``tg.compile(model)`` or as a decorator. ``fullgraph``
-    raises where the forward would fall back to eager mode; ``dynamic``, ``backend``,
-    ``mode`` and ``options`` are accepted and ignored; ``disable=True`` returns it as is."""
+    raises where the forward would fall back to eager mode. There is one backend, and one
+    mode: ``backend`` must be ``"inductor"`` (torch's default); ``mode`` may be any of
+    torch's names, which all compile the same way here; ``dynamic`` is accepted (each new
+    shape is traced afresh, up to ``MAX_SIGNATURES``); ``options`` must be empty (what it
+    would tune does not exist here); ``disable=True`` returns the model as it is."""
+    if backend != "inductor":
+        raise ValueError(
+            f"compile: backend={backend!r} is not available: tensorgrad has one backend, "
+            "'inductor' (the default)"
+        )
+    if mode not in MODES:
+        raise ValueError(f"compile: unknown mode {mode!r} (one of {', '.join(map(str, MODES))})")
+    if options:
+        raise ValueError(f"compile: options are not supported (got {sorted(options)})")
+    if dynamic not in (None, True, False):
+        raise ValueError(f"compile: dynamic must be None, True or False, got {dynamic!r}")
     if model is None:
         return lambda m: compile(m, fullgraph=fullgraph, disable=disable)
     if disable:

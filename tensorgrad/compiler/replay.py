@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import devices
 from ..autograd import graph as tape
 from ..autograd.engine import grad as autograd_grad
 from ..autograd.walk import check_grads
 from ..devices import get_array_module
 from .trace import Graph
+
+
+def random_state(state=None):
+    """The CPU generator and its state; given one, put it back."""
+    if state is None:
+        gen = devices.generators.cpu
+        return gen, gen.bit_generator.state
+    devices.generators.cpu = state[0]
+    state[0].bit_generator.state = state[1]
 
 
 def _arg(env, ref):
@@ -55,11 +65,14 @@ class Replay(tape.Op):
     eager mode, rather than a None the walk would take for a missing one)."""
 
     multi_output = True
+    none_is_no_gradient = True  # an input only another output reaches gets none (as eagerly)
     takes_none = True  # an output no gradient reached (the logits beside the loss) adds
     # nothing: zeros of its shape would be a whole (B, T, vocab) array, added to a real one
 
     def forward(self, *arrays, graph: Graph):
         record = any(self.needs_input_grad)
+        if record and graph.random:  # create_graph's re-run must draw the same masks
+            self.rng = random_state()
         env = [None] * len(graph.needs_grad)
         for slot, a in zip(graph.used, arrays):
             env[slot] = a
@@ -81,6 +94,8 @@ class Replay(tape.Op):
         self.graph, self.fns = graph, fns
         if record:
             self.save(*arrays)  # in-place changes to an input before backward are caught
+            if graph.random:
+                self.rng_after = devices.generators.cpu.bit_generator.state
         self.out_slots = graph.output_slots()
         return tuple(env[s] for s in self.out_slots)
 
@@ -131,12 +146,23 @@ class Replay(tape.Op):
             env = [None] * len(graph.needs_grad)
             for slot, t in zip(graph.used, live):
                 env[slot] = t
-            for st in graph.steps:
-                args = [_arg(env, r) for r in st.ins]
-                kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
-                out = st.cls.apply(*args, **kwargs)
-                for slot, o in zip(st.outs, out if isinstance(out, tuple) else (out,)):
-                    env[slot] = o
+            now = random_state()
+            if graph.random:  # the forward's draws again: the same dropout masks
+                random_state(self.rng)
+            try:
+                for st in graph.steps:
+                    args = [_arg(env, r) for r in st.ins]
+                    kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
+                    out = st.cls.apply(*args, **kwargs)
+                    for slot, o in zip(st.outs, out if isinstance(out, tuple) else (out,)):
+                        env[slot] = o
+                if graph.random and devices.generators.cpu.bit_generator.state != self.rng_after:
+                    raise RuntimeError(
+                        "backward(create_graph=True) through a compiled forward: its ops drew "
+                        "other random numbers when run again (run the forward uncompiled)"
+                    )
+            finally:
+                random_state(now)
             pairs = [
                 (env[s], g)
                 for s, g in zip(self.out_slots, gys)

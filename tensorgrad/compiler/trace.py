@@ -24,14 +24,15 @@ Imports: contextlib, dataclasses, numpy, sys, ..autograd, ..devices, ..tensor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
+import threading
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .. import devices
 from ..autograd import graph as tape
 from ..tensor import Tensor
+from .guards import guarded_code, is_plain
 
 RANDOM_OPS = ("dropout",)  # ops that draw from the generator inside their forward
 
@@ -49,15 +50,56 @@ class Step:
 
 
 class Leaf:
-    """A tensor (kind "v", its slot) or a constant (kind "c") in a forward's result."""
+    """One leaf of a forward's result: kind "v" a traced value (its slot; ``rg`` whether the
+    eager result required grad), "i" a live input returned as it is (its slot), "t" a
+    constant tensor (its array: a fresh copy each call), "c" a plain value."""
 
-    __slots__ = ("kind", "v")
+    __slots__ = ("kind", "v", "rg")
 
-    def __init__(self, kind: str, v):
-        self.kind, self.v = kind, v
+    def __init__(self, kind: str, v, rg: bool = True):
+        self.kind, self.v, self.rg = kind, v, rg
 
     def __eq__(self, other):
-        return isinstance(other, Leaf) and self.kind == other.kind and same_value(self.v, other.v)
+        return (
+            isinstance(other, Leaf)
+            and (self.kind, self.rg) == (other.kind, other.rg)
+            and same_value(self.v, other.v)
+        )
+
+
+class Struct:
+    """A container in a forward's result: a tuple, list, namedtuple, dict or dataclass whose
+    items are Leafs or Structs (``keys``: a dict's keys, a dataclass's field names)."""
+
+    __slots__ = ("cls", "keys", "items")
+
+    def __init__(self, cls, keys, items):
+        self.cls, self.keys, self.items = cls, keys, items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, Struct)
+            and (self.cls, self.keys) == (other.cls, other.keys)
+            and same_value(self.items, other.items)
+        )
+
+    def build(self, values: list):
+        """The container again, holding ``values`` (one per item)."""
+        cls = self.cls
+        if self.keys is None:
+            return cls(*values) if hasattr(cls, "_fields") else cls(values)
+        if issubclass(cls, dict):
+            return cls(zip(self.keys, values))
+        fields = dict(zip(self.keys, values))  # a dataclass
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        obj = cls(**{k: v for k, v in fields.items() if k in init})
+        for k, v in fields.items():
+            if k not in init:
+                object.__setattr__(obj, k, v)
+        return obj
 
 
 @dataclass
@@ -73,6 +115,7 @@ class Graph:
     used: list = field(default_factory=list)  # the input slots some step or output reads
     composites: int = 0  # plan steps that stand for a window matched by a pattern
     grad_used: set = field(default_factory=set)  # slots some step's gradient flows back to
+    random: bool = False  # some op draws from the generator (dropout)
 
     def output_slots(self) -> list:
         """The slots of the tensors in the forward's result, in order."""
@@ -98,6 +141,11 @@ class Tracer:
         self.keep = list(live)  # keeps every object whose id is a key alive
         self.versions: list = []  # (tensor, version when seen)
         self.draws = 0  # random draws since the last op
+        self.thread = threading.get_ident()  # ops of other threads are not this forward's
+        self.codes: dict = {}  # code object run during the trace -> its globals (guards.py)
+        self.modules: dict = {}  # id -> a module whose method ran (a compiled function's)
+        self.constants: list = []  # the tensors it read that are no value of the trace
+        self.live_ids = {id(t) for t in live}  # (a returned input comes back as itself)
         for k, t in enumerate(live):
             self._bind(t, k)
             self.graph.needs_grad.append(isinstance(t, Tensor) and t.requires_grad)
@@ -113,6 +161,11 @@ class Tracer:
     def fail(self, reason: str) -> None:
         if self.graph.reason is None:
             self.graph.reason = reason
+
+    def effect(self, what: str, tensor=None) -> None:
+        """Python state changed during the forward (tape.note_effect): replay would not."""
+        if tensor is None or self.traced(tensor):
+            self.fail(what)
 
     def _bind(self, x, slot: int) -> None:
         self.keep.append(x)
@@ -137,14 +190,18 @@ class Tracer:
                     "it uses a tensor that requires grad and is neither an input, a "
                     "parameter nor a buffer"
                 )
+            self.constants.append(x)  # (guarded: a later requires_grad_() or .data)
             return ("c", x.array)
         return ("c", x)
 
     def __call__(self, cls, fn, inputs, kwargs, results) -> None:
+        if threading.get_ident() != self.thread:
+            return  # another thread's op, not this forward's
         if fn is None:
             self.fail(f"it calls a user-defined autograd.Function ({cls.__name__})")
         elif self.draws and cls.op not in RANDOM_OPS and not kwargs.get("dropout_p"):
             self.fail("it draws random numbers outside an op (tg.randn or the like)")
+        self.graph.random = self.graph.random or bool(self.draws)
         self.draws = 0
         if fn is None:
             return
@@ -165,6 +222,8 @@ class Tracer:
 
     def finish(self, result) -> Graph:
         g = self.graph
+        if self.draws:
+            self.fail("it draws random numbers outside an op (tg.randn or the like)")
         if any(t.version != v for t, v in self.versions):
             self.fail("it writes into a tensor in place (running statistics, x += ...)")
         g.outputs = self._outputs(result)
@@ -178,10 +237,20 @@ class Tracer:
 
     def _outputs(self, r):
         if isinstance(r, (tuple, list)):
-            return type(r)(self._outputs(x) for x in r)
+            return Struct(type(r), None, [self._outputs(x) for x in r])
+        if isinstance(r, dict):
+            return Struct(type(r), list(r), [self._outputs(x) for x in r.values()])
+        if dataclasses.is_dataclass(r) and not isinstance(r, type):
+            keys = [f.name for f in dataclasses.fields(r)]
+            return Struct(type(r), keys, [self._outputs(getattr(r, k)) for k in keys])
         if isinstance(r, Tensor):
-            return Leaf(*self.value(r))
-        if r is None or isinstance(r, (bool, int, float, str)):
+            kind, v = self.value(r)
+            if kind == "c":
+                return Leaf("t", v)  # a constant tensor: a fresh one at every call
+            if id(r) in self.live_ids:
+                return Leaf("i", v)  # an input, parameter or buffer returned as it is
+            return Leaf("v", v, r.requires_grad)
+        if is_plain(r):
             return Leaf("c", r)
         self.fail(f"it returns a {type(r).__name__}")
         return Leaf("c", r)
@@ -197,7 +266,7 @@ _COMPARISONS += ("le", "gt", "ge", "__and__", "__or__", "__xor__", "logical_and"
 _COMPARISONS += ("logical_xor",)
 _FLOOR_MOD = ("__floordiv__", "__rfloordiv__", "floor_divide", "__mod__", "__rmod__")
 _OFF_TAPE = ("__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax", "argmin")
-_OFF_TAPE += ("all", "any")
+_OFF_TAPE += ("all", "any", "argsort", "unique", "histogram")  # (sort, topk: argsort)
 _OFF_TAPE += ("nonzero", *_COMPARISONS, *_FLOOR_MOD)
 _WHAT = {**dict.fromkeys(_COMPARISONS, "a comparison"), **dict.fromkeys(_FLOOR_MOD, "// or %")}
 # tensorgrad functions that hand a tensor's values to their caller
@@ -208,71 +277,142 @@ def _ours(frame) -> bool:
     return frame.f_globals.get("__name__", "").startswith("tensorgrad")
 
 
-@contextlib.contextmanager
-def tracing(tracer: Tracer):
-    """Install ``tracer`` as an op observer; count random draws; flag value reads."""
-    saved = {name: getattr(Tensor, name) for name in _VALUE_READS}
+# Tracing patches Tensor's value-reading methods and the generator getter once, while any
+# thread traces (a count under a lock); the patched methods act only for the traces of the
+# thread that calls them (tape.watch.traces is per thread), so another thread's eager code
+# runs as before, and nothing stays patched after the last trace ends, exception or not.
+_lock = threading.Lock()
+_tracing = 0  # traces running, all threads
+_saved: dict = {}  # name -> Tensor's own method, while patched
+_ARRAY = vars(Tensor)["array"]  # the property itself, unpatched
+_GUARDED: dict = {}  # code object -> whether the state it reads is guarded (guards.py)
 
-    def reader(name, method):
-        def read(self, *args, **kwargs):
-            if tracer in tape.op_observers:  # not inside an unobserved() side computation
-                tracer.fail(f"it reads a tensor's value in Python ({name})")
-            return method(self, *args, **kwargs)
 
-        return read
+def _traces():
+    """This thread's running traces (empty inside an unobserved() block)."""
+    w = tape.watch
+    return w.traces if not w.hidden else ()
 
-    get = devices.generators.get
-    outer_get = vars(devices.generators).get("get")  # set when this trace runs inside another
 
-    def counting_get(*args, **kwargs):
-        tracer.draws += 1
-        return get(*args, **kwargs)
+def _reader(name, method):
+    def read(self, *args, **kwargs):
+        for tracer in _traces():
+            tracer.fail(f"it reads a tensor's value in Python ({name})")
+        return method(self, *args, **kwargs)
 
-    array = Tensor.array
-    off_tape = {name: getattr(Tensor, name) for name in _OFF_TAPE if hasattr(Tensor, name)}
-    own = {name for name in [*saved, *off_tape] if name in vars(Tensor)}  # not inherited
+    return read
 
-    def computed_off_tape(name, method):
-        def compute(self, *args, **kwargs):
-            if tracer in tape.op_observers and any(tracer.traced(t) for t in (self, *args)):
+
+def _computed_off_tape(name, method):
+    def compute(self, *args, **kwargs):
+        for tracer in _traces():
+            if any(tracer.traced(t) for t in (self, *args)):
                 what = _WHAT.get(name, name)
                 tracer.fail(f"it computes {what} of a traced tensor, which no op records")
-            return method(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
 
-        return compute
+    return compute
 
-    def read_array(self):
-        # tensorgrad's own code passes arrays to ops (which the trace sees); code outside it
-        # that takes a tensor's array computes in Python on its values. A conversion
-        # (as_array, tensor) reads for its caller.
+
+def _read_array(self):
+    # tensorgrad's own code passes arrays to ops (which the trace sees); code outside it
+    # that takes a tensor's array computes in Python on its values. A conversion
+    # (as_array, tensor) reads for its caller.
+    traces = _traces()
+    if traces:
         frame = sys._getframe(1)
         while frame.f_code.co_name in _CONVERSIONS and _ours(frame):
             frame = frame.f_back
-        if not _ours(frame) and tracer in tape.op_observers:
-            tracer.fail("it reads a tensor's array (.array, as_array) in Python")
-        return array.fget(self)
+        if not _ours(frame):
+            for tracer in traces:
+                tracer.fail("it reads a tensor's array (.array, as_array) in Python")
+    return _ARRAY.fget(self)
 
-    for name, method in saved.items():
-        setattr(Tensor, name, reader(name, method))
-    for name, method in off_tape.items():
-        setattr(Tensor, name, computed_off_tape(name, method))
-    Tensor.array = property(read_array, array.fset, doc=array.__doc__)
-    devices.generators.get = counting_get
+
+def _counting_get(*args, **kwargs):
+    for tracer in _traces():
+        tracer.draws += 1
+    return type(devices.generators).get(devices.generators, *args, **kwargs)
+
+
+def _reseeded():
+    tape.note_effect("it reseeds the generator (tg.manual_seed): replay would not")
+
+
+def _profile(frame, event, arg):
+    """sys.setprofile's hook while this thread traces: note each Python function that runs
+    (its code names the globals and attributes it can read)."""
+    if event == "call":
+        code = frame.f_code
+        guarded = _GUARDED.get(code)
+        if guarded is None:
+            guarded = _GUARDED[code] = guarded_code(frame)
+        if guarded:
+            module = None
+            if code.co_argcount and code.co_varnames[0] == "self":
+                module = frame.f_locals.get("self")
+                if "_parameters" not in getattr(module, "__dict__", ()):
+                    module = None
+            for tracer in tape.watch.traces:
+                tracer.codes.setdefault(code, frame.f_globals)
+                if module is not None:
+                    tracer.modules.setdefault(id(module), module)
+
+
+def _patch() -> None:
+    global _tracing
+    with _lock:
+        _tracing += 1
+        if _tracing > 1:
+            return
+        names = [*_VALUE_READS, *(n for n in _OFF_TAPE if hasattr(Tensor, n))]
+        for name in names:
+            _saved[name] = vars(Tensor).get(name)  # None: inherited from a mixin
+            wrap = _reader if name in _VALUE_READS else _computed_off_tape
+            setattr(Tensor, name, wrap(name, getattr(Tensor, name)))
+        _saved["array"] = _ARRAY
+        Tensor.array = property(_read_array, _ARRAY.fset, doc=_ARRAY.__doc__)
+        devices.generators.get = _counting_get
+        devices.seed_observers.append(_reseeded)
+
+
+def _unpatch() -> None:
+    global _tracing
+    with _lock:
+        _tracing -= 1
+        if _tracing:
+            return
+        for name, method in _saved.items():
+            if method is None:
+                delattr(Tensor, name)  # inherited from a mixin: uncover it again
+            else:
+                setattr(Tensor, name, method)
+        _saved.clear()
+        del devices.generators.get  # the instance attribute: the class's method again
+        devices.seed_observers.remove(_reseeded)
+
+
+@contextlib.contextmanager
+def tracing(tracer: Tracer):
+    """Record this thread's ops into ``tracer``, with the Python functions that run; flag
+    value reads, random draws outside ops and effects replay would skip."""
+    _patch()
+    watch = tape.watch
+    outer, profiler = watch.traces, sys.getprofile()
+    if profiler is not None and profiler is not _profile:
+        tracer.fail("a profiler (sys.setprofile) runs, so the Python state it reads is unknown")
+    watch.traces = (*outer, tracer)
     tape.op_observers.append(tracer)
+    if profiler is None:
+        sys.setprofile(_profile)
     try:
         yield tracer
     finally:
+        if profiler is None:
+            sys.setprofile(None)
         tape.op_observers.remove(tracer)
-        for name, method in {**saved, **off_tape}.items():
-            if name in own:
-                setattr(Tensor, name, method)
-            else:
-                delattr(Tensor, name)  # inherited from a mixin: uncover it again
-        Tensor.array = array
-        if outer_get is None:
-            del devices.generators.get  # the instance attribute: the class's method again
-        else:
-            devices.generators.get = outer_get  # a trace inside a trace: the outer one's
+        watch.traces = outer
+        _unpatch()
 
 
 def same_graph(a: Graph, b: Graph) -> bool:
@@ -307,7 +447,3 @@ def same_value(x, y) -> bool:
         return bool(x == y) and type(x) is type(y)
     except (TypeError, ValueError):
         return x is y
-
-
-def is_plain(x) -> bool:
-    return x is None or isinstance(x, (bool, int, float, str, np.generic))

@@ -18,7 +18,14 @@ import numpy as np
 from .. import devices
 from ..autograd import Op, unbroadcast
 from ..kernels import register
-from ..ops.nn import Embedding, check_attention, check_classes, loss_coef, reduce_losses
+from ..ops.nn import (
+    Embedding,
+    check_attention,
+    check_classes,
+    loss_coef,
+    reduce_losses,
+    without_padding_row,
+)
 from . import flash as FA
 from . import kernels as K
 
@@ -104,14 +111,16 @@ class CudaGelu(Op):
 
 
 @register(
-    "embedding", "cuda", name="cuda.embedding", when=lambda w, idx: on_gpu(w)
+    "embedding", "cuda", name="cuda.embedding", when=lambda w, idx, **kw: on_gpu(w)
 )  # (Op.apply checks idx is on w's device)
 class CudaEmbedding(Embedding):
     """The reference's forward; backward: sorted ids, one block per id (deterministic sums)."""
 
     def backward(self, g):
         (idx,) = self.saved
-        return K.embedding_backward(idx, g, self.wshape), None
+        return without_padding_row(
+            K.embedding_backward(idx, g, self.wshape), self.padding_idx
+        ), None
 
 
 @register(

@@ -28,6 +28,7 @@ from ..ops.nn import (
     loss_coef,
     mask_grad,
     reduce_losses,
+    without_padding_row,
 )
 from . import register
 from .chunks import chunked, n_chunks
@@ -292,7 +293,7 @@ def _tanh_arg(xs, u):
     "embedding",
     "cpu",
     name="cpu.sorted.embedding",
-    when=lambda w, idx: _float(w) and isinstance(idx, np.ndarray),
+    when=lambda w, idx, **kw: _float(w) and isinstance(idx, np.ndarray),
 )
 class SortedEmbedding(Embedding):
     """The reference's forward; backward sorts the ids and sums runs (add.reduceat), much
@@ -309,7 +310,7 @@ class SortedEmbedding(Embedding):
             first = np.concatenate((np.ones(1, dtype=bool), sidx[1:] != sidx[:-1]))
             starts = np.flatnonzero(first)
             gw[sidx[starts]] = np.add.reduceat(g2[order], starts, axis=0)
-        return gw, None
+        return without_padding_row(gw, self.padding_idx), None
 
 
 # ----------------------------------------------------------------------------- attention

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.nn import Embedding, embedding_range_error
+from ..ops.nn import Embedding, embedding_range_error, without_padding_row
 from . import register
 from .cpu_numba import FLOATS, FM, contiguous
 from .numba_math import jit
@@ -38,7 +38,7 @@ def _embedding_bwd(ids, g, gw):
     "embedding",
     "cpu",
     name="cpu.numba.embedding",
-    when=lambda w, idx: _f32_or_64(w) and w.ndim == 2 and _int_array(idx),
+    when=lambda w, idx, **kw: _f32_or_64(w) and w.ndim == 2 and _int_array(idx),
 )
 class NumbaEmbedding(Embedding):
     """The reference's lookup with its range check in one pass (the reference reduces the
@@ -46,13 +46,13 @@ class NumbaEmbedding(Embedding):
     kernel's argsort and reduceat cost more than the adds at a small model's sizes (gpt-nano's
     two lookups: 48 µs each step)."""
 
-    def forward(self, w, idx):
+    def forward(self, w, idx, padding_idx=None):
         if idx.size:
             lo, hi = _id_range(idx.reshape(-1))
             if lo < 0 or hi >= w.shape[0]:
                 raise IndexError(embedding_range_error(int(lo), int(hi), w.shape[0]))
         self.save(idx)
-        self.wshape = w.shape
+        self.wshape, self.padding_idx = w.shape, padding_idx
         return w[idx]
 
     def backward(self, g):
@@ -60,7 +60,7 @@ class NumbaEmbedding(Embedding):
         gw = np.zeros(self.wshape, dtype=g.dtype)
         if idx.size:
             _embedding_bwd(idx.reshape(-1), contiguous(g).reshape(-1, self.wshape[1]), gw)
-        return gw, None
+        return without_padding_row(gw, self.padding_idx), None
 
 
 def _f32_or_64(a) -> bool:

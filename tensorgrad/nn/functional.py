@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..factory import where
 from ..ops.dims import wrap_dim
 from ..ops.linalg import Linear
 from ..ops.nn import (
@@ -204,11 +203,8 @@ def embedding(idx, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     idx = as_array(idx)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
-    out = Embedding.apply(weight, idx)
-    if padding_idx is None:
-        return out
-    pad = (idx == padding_idx % weight.shape[0])[..., None]
-    return where(pad, out.detach(), out)  # same values, no gradient from the padding rows
+    pad = None if padding_idx is None else padding_idx % weight.shape[0]
+    return Embedding.apply(weight, idx, padding_idx=pad)  # (its backward zeroes row pad)
 
 
 def scaled_dot_product_attention(

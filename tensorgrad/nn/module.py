@@ -12,6 +12,8 @@ import numpy as np
 
 from .. import devices
 from ..autograd import RemovableHandle
+from ..autograd.graph import model_epoch, note_effect
+from ..autograd.graph import watch as _watch
 from ..devices import get_array_module, to_device
 from ..tensor import Tensor, to_args
 
@@ -58,10 +60,15 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "training", True)
+        if _watch.traces:  # made inside a forward that is being compiled: its own setup is
+            object.__setattr__(self, "_made_in_trace", True)  # no effect on the model
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
+        model_epoch[0] += 1
+        if _watch.traces and "_made_in_trace" not in self.__dict__:
+            note_effect(f"it sets {type(self).__name__}.{name} (replay would skip the assignment)")
         if (
             name in self._buffers
             and (value is None or isinstance(value, Tensor))
@@ -89,6 +96,9 @@ class Module:
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
+        model_epoch[0] += 1
+        if _watch.traces and "_made_in_trace" not in self.__dict__:
+            note_effect(f"it deletes {type(self).__name__}.{name} (replay would skip it)")
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         self._buffers.pop(name, None)
@@ -105,6 +115,9 @@ class Module:
             )
         if hasattr(self, name) and name not in self._buffers:
             raise KeyError(f"register_buffer: attribute {name!r} already exists")
+        model_epoch[0] += 1
+        if _watch.traces and "_made_in_trace" not in self.__dict__:
+            note_effect(f"it registers the buffer {type(self).__name__}.{name}")
         self._buffers[name] = tensor
         if persistent:
             self._non_persistent.discard(name)
@@ -150,6 +163,9 @@ class Module:
         return bool(self.__dict__.get("_forward_pre_hooks") or self.__dict__.get("_forward_hooks"))
 
     def _add_hook(self, kind: str, hook) -> RemovableHandle:
+        model_epoch[0] += 1
+        if _watch.traces:
+            note_effect(f"it registers a forward hook on {type(self).__name__}")
         hooks = self.__dict__.get(kind)
         if hooks is None:
             hooks = []
@@ -303,6 +319,7 @@ class Module:
     def train(self, mode: bool = True):
         for m in self.modules():
             object.__setattr__(m, "training", mode)
+        model_epoch[0] += 1
         return self
 
     def eval(self):

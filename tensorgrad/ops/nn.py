@@ -254,17 +254,26 @@ class Embedding(Op):
 
     op = "embedding"
 
-    def forward(self, w, idx):
+    def forward(self, w, idx, padding_idx=None):
         lo, hi = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
         if lo < 0 or hi >= w.shape[0]:
             raise IndexError(embedding_range_error(lo, hi, w.shape[0]))
         self.save(idx)
-        self.wshape = w.shape
+        self.wshape, self.padding_idx = w.shape, padding_idx
         return w[idx]
 
     def backward(self, g):
         idx = _array(self.saved[0]).reshape(-1)
-        return add_at(self.wshape, idx, xp_of(g).reshape(g, (-1, self.wshape[1]))), None
+        gw = add_at(self.wshape, idx, xp_of(g).reshape(g, (-1, self.wshape[1])))
+        return without_padding_row(gw, self.padding_idx), None
+
+
+def without_padding_row(gw, padding_idx):
+    """The embedding's weight gradient with row ``padding_idx`` zero (it learns nothing)."""
+    if padding_idx is None:
+        return gw
+    rows = get_array_module(_array(gw)).arange(gw.shape[0]).reshape(-1, 1)
+    return xp_of(gw).where(rows != padding_idx, gw, gw.dtype.type(0))
 
 
 # ----------------------------------------------------------------------------- attention

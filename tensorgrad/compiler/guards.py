@@ -1,0 +1,402 @@
+"""Guards: what a compiled call's result depends on, checked before every replay.
+
+Two parts, as torch.compile's guards have them:
+
+- **The signature** (``signature``), made afresh at every call and used as a dict key: the
+  shapes, dtypes, devices, contiguity and ``requires_grad`` of the call's tensors and arrays,
+  which of them share memory (``f(x, x)`` is another call than ``f(a, b)``), its plain
+  arguments, grad mode, and for a module every submodule (the object itself: a swapped one,
+  even of the same type, is another signature), its ``training`` flag and hooks, and each
+  parameter's and buffer's identity, shape, dtype and ``requires_grad``.
+- **The Python state the forward read** (``StateGuards``), listed once per trace. The trace
+  knows which Python functions ran (``sys.setprofile`` during the traced call), and each
+  function's code object names the globals and attributes it can read (``co_names``) and its
+  closure cells (``co_freevars``). Guarded: those globals; those closure cells; the
+  attributes of that name on every module of the tree (``self.scale``, ``nn.LayerNorm.eps``,
+  ``nn.Dropout.p``, ``nn.GELU.approximate``), on the module classes (a class attribute, a
+  patched method) and an instance's ``forward`` (an instance-patched one). A value is guarded
+  by identity, and when that fails by equality (a plain value reassigned to an equal one), and
+  for a list, dict, set or a plain object (a config dataclass) by a copy of its plain fields.
+
+Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
+library is not listed: what it reads is recorded as ops and kernels, or never changes.
+
+Imports: dataclasses, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import random
+import sys
+import types
+
+import numpy as np
+
+from ..autograd.graph import model_epoch
+from ..devices import device_of
+from ..tensor import Tensor
+
+TENSOR = "(tensor)"  # the key of a constant tensor's guard: its memory and requires_grad
+MISSING = object()  # a name that was absent when traced (a later global would shadow a builtin)
+SMALL = 256  # a container of at most this many items is guarded by a copy of them
+# internals of a Module's __dict__ that the signature covers (or that hold no model state)
+_MODULE_KEYS = {"_parameters", "_modules", "_buffers", "_non_persistent", "training"}
+_MODULE_KEYS |= {"_forward_pre_hooks", "_forward_hooks", "_made_in_trace"}
+# packages whose code reads nothing a user changes between calls (or records it as ops)
+_INTERNAL = ("tensorgrad.autograd", "tensorgrad.ops", "tensorgrad.kernels", "tensorgrad.compiler")
+_INTERNAL += ("tensorgrad.tensor", "tensorgrad.devices", "tensorgrad.indexing", "tensorgrad.types")
+_INTERNAL += ("tensorgrad.printing", "tensorgrad.factory", "numpy", "numba", "llvmlite")
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+class Uncompilable(Exception):
+    """This call cannot be compiled (its reason is the message)."""
+
+
+# ----------------------------------------------------------------------------- the signature
+class ModuleState:
+    """A compiled module's part of the signature, kept while ``model_epoch`` stands still (no
+    module attribute, hook, training flag or parameter meta changed since it was read)."""
+
+    def __init__(self):
+        self.epoch = None  # model_epoch when read
+        self.token = 0  # stands for the state read: equal states, one token
+        self.live: list = []  # its parameters and buffers
+        self.where: dict = {}  # id(array) -> index in live (aliasing)
+        self.error: str | None = None  # why it cannot be compiled (forward hooks)
+        self.tokens: dict = {}  # state read -> token (so train(); train() keeps the token)
+        self.count = 0
+
+
+def signature(args, kwargs, module, grad_enabled: bool, state: ModuleState | None = None):
+    """(key, live): the call's guard as a hashable tuple, and the tensors and arrays it reads
+    afresh at every call (inputs first, then the module's parameters and buffers)."""
+    parts, live, where = [grad_enabled], [], {}
+    for a in args:
+        _argument(a, parts, live, where)
+    for k in sorted(kwargs):
+        parts.append(k)
+        _argument(kwargs[k], parts, live, where)
+    if module is not None:
+        state = state or ModuleState()
+        if state.epoch != model_epoch[0]:
+            _read_module(module, state)
+        if state.error is not None:
+            raise Uncompilable(state.error)
+        n = len(live)
+        for i, k in where.items():  # an input that is a parameter's memory
+            j = state.where.get(i)
+            if j is not None:
+                parts.append(("alias", k, n + j))
+        parts.append(state.token)
+        live.extend(state.live)
+    return tuple(parts), live
+
+
+def _read_module(module, state: ModuleState) -> None:
+    epoch = model_epoch[0]
+    parts, live, where = [], [], {}
+    try:
+        _module_signature(module, parts, live, where)
+        state.error = None
+    except Uncompilable as e:
+        state.error = str(e)
+    key = tuple(parts)
+    token = state.tokens.get(key)
+    if token is None:
+        if len(state.tokens) >= 64:  # states that never come back: forget them (tokens
+            state.tokens.clear()  # are never reused, so no old key can match a new state)
+        state.count += 1
+        token = state.tokens[key] = state.count
+    state.epoch, state.token, state.live, state.where = epoch, token, live, where
+
+
+def _shared(a, parts: list, live: list, where: dict) -> None:
+    """Note which earlier live value ``a`` shares its array with (aliasing is a guard)."""
+    k = where.setdefault(id(a), len(live) - 1)
+    if k != len(live) - 1:
+        parts.append(("alias", k))
+
+
+def _argument(x, parts: list, live: list, where: dict) -> None:
+    if isinstance(x, Tensor):
+        live.append(x)
+        a = x.array
+        parts.append(("T", a.shape, a.dtype, device_of(a), x.requires_grad, _contiguous(a)))
+        _shared(a, parts, live, where)
+    elif hasattr(x, "dtype") and hasattr(x, "shape") and not isinstance(x, np.generic):
+        live.append(x)
+        parts.append(("A", x.shape, x.dtype, device_of(x), _contiguous(x)))
+        _shared(x, parts, live, where)
+    elif isinstance(x, (tuple, list)):
+        parts.append((type(x), len(x)))
+        for y in x:
+            _argument(y, parts, live, where)
+    elif is_plain(x):
+        parts.append((type(x), x))
+    else:
+        raise Uncompilable(f"an argument is a {type(x).__name__}, not a tensor or plain value")
+
+
+def _contiguous(a) -> bool:
+    flags = getattr(a, "flags", None)
+    return bool(flags is not None and flags.c_contiguous)
+
+
+def _module_signature(root, parts: list, live: list, where: dict) -> None:
+    """Each submodule (the object), its training flag and each parameter's and buffer's (id,
+    shape, dtype, requires_grad, aliasing): one walk of the tree, every module and tensor once
+    (a shared one at its first place), in a fixed order. Raises Uncompilable where a submodule
+    has forward hooks."""
+    seen, stack = set(), [root]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        d = m.__dict__  # (read directly, not through properties)
+        if m is not root and (d.get("_forward_pre_hooks") or d.get("_forward_hooks")):
+            raise Uncompilable(
+                f"{type(m).__name__} has forward hooks (they run only in eager mode)"
+            )
+        parts.append(m)  # the module itself: kept alive by the key, compared by identity
+        parts.append(type(m))  # (m.__class__ = Other)
+        parts.append(d["training"])
+        for t in (*d["_parameters"].values(), *d["_buffers"].values()):
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                live.append(t)
+                a = t.array
+                parts.append((id(t), a.shape, a.dtype, t.requires_grad))
+                _shared(a, parts, live, where)
+        stack.extend(reversed(d["_modules"].values()))
+
+
+def modules_of(root) -> list:
+    """Every module of the tree, each once."""
+    out, seen, stack = [], set(), [root]
+    while stack:
+        m = stack.pop()
+        if id(m) not in seen:
+            seen.add(id(m))
+            out.append(m)
+            stack.extend(m.__dict__["_modules"].values())
+    return out
+
+
+def is_plain(x) -> bool:
+    return x is None or isinstance(x, (bool, int, float, complex, str, bytes, np.generic))
+
+
+# ----------------------------------------------------------------------------- Python state
+def guarded_code(frame) -> bool:
+    """Whether the Python state this frame's code reads is guarded: user code and the layers
+    (tensorgrad.nn, its functional), not tensorgrad's internals, NumPy or the stdlib."""
+    name = frame.f_globals.get("__name__") or ""
+    return not (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
+
+
+_GENERATORS = (random.Random, np.random.Generator, np.random.RandomState)
+
+
+class StateGuards:
+    """The Python values a trace read, each with the value it had: ``holds()`` before a
+    replay, ``changed()`` names the first one that does not. ``reason``: why the forward
+    cannot be replayed whatever the state (it reads a foreign random generator)."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self.items: list = []  # [label, container, key, expected, copy-or-MISSING]
+        self.settled: list = []  # the items of module attributes held by identity: a change
+        # bumps model_epoch, so they are checked only when it moved
+        self.epoch = model_epoch[0]
+        self._seen: set = set()
+
+    def add(self, label: str, container, key, module: bool = False) -> None:
+        """Guard ``container[key]`` (a dict: globals, a module's __dict__, a class's; or a
+        cell, key None) at the value it has now (``module``: a module's __dict__)."""
+        if (id(container), key) in self._seen:
+            return
+        self._seen.add((id(container), key))
+        value = _read(container, key)
+        item = [label, container, key, value, _copy(value)]
+        (self.settled if module and item[4] is MISSING else self.items).append(item)
+
+    def holds(self) -> bool:
+        return self.changed() is None
+
+    def changed(self) -> str | None:
+        epoch = model_epoch[0]
+        what = self._check(self.items)
+        if what is None and epoch != self.epoch:
+            what = self._check(self.settled)
+            if what is None:
+                self.epoch = epoch
+        return what
+
+    @staticmethod
+    def _check(items) -> str | None:
+        for item in items:
+            label, container, key, expected, copy = item
+            value = _read(container, key)
+            if value is expected:
+                if copy is MISSING or _copy(value) == copy:
+                    continue
+                return f"{label} changed in place"
+            if type(value) is type(expected) and is_plain(value) and value == expected:
+                item[3] = value  # an equal value reassigned: the same state
+                continue
+            return f"{label} changed ({_show(expected)} -> {_show(value)})"
+        return None
+
+
+def _read(container, key):
+    if key is TENSOR:  # a constant tensor: its memory, while it needs no gradient
+        return container.array if not container.requires_grad else MISSING
+    if key is None:  # a closure cell
+        try:
+            return container.cell_contents
+        except ValueError:
+            return MISSING
+    return container.get(key, MISSING)
+
+
+def _copy(value, depth: int = 2):
+    """A copy of a container's, a plain object's or a small NumPy array's contents (nested
+    ones too, ``depth`` levels down), or MISSING where the value is guarded by identity alone
+    (a plain value, a function, a class, a module, a large container)."""
+    if is_plain(value) or value is MISSING:
+        return MISSING
+    if isinstance(value, np.ndarray):
+        if value.size > 4096 or value.dtype.hasobject:
+            return MISSING
+        return ("array", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if isinstance(value, tuple) and all(is_plain(v) for v in value):
+            return MISSING  # immutable: identity or equality says it all
+        return [_item(v, depth) for v in value] if len(value) <= SMALL else MISSING
+    if isinstance(value, dict):
+        return {k: _item(v, depth) for k, v in value.items()} if len(value) <= SMALL else MISSING
+    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
+        return MISSING
+    if isinstance(value, Tensor):
+        return ("tensor", id(value.array), value.requires_grad)  # t.data = ..., requires_grad_
+    if callable(value):
+        return MISSING  # a callable object (compile's own forward): by identity
+    if dataclasses.is_dataclass(value):  # (with __slots__ too)
+        fields = {f.name: getattr(value, f.name, MISSING) for f in dataclasses.fields(value)}
+    else:
+        fields = getattr(value, "__dict__", None)
+        if not isinstance(fields, dict) or "_parameters" in fields:  # (a module: its own guards)
+            return MISSING
+    return {k: _item(v, depth) for k, v in fields.items()} if len(fields) <= SMALL else MISSING
+
+
+def _item(v, depth: int):
+    if is_plain(v):
+        return v
+    inner = _copy(v, depth - 1) if depth > 0 else MISSING
+    return ("id", id(v)) if inner is MISSING else ("copy", id(v), inner)
+
+
+def _show(v) -> str:
+    if v is MISSING:
+        return "absent"
+    r = repr(v) if is_plain(v) else f"a {type(v).__name__}"
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def state_guards(tracer, root, fn) -> StateGuards:
+    """The guards of the Python state that a trace's code can read: the globals its code
+    objects name (and, for a Python module or a class among them, the attributes of names the
+    code spells: ``config.SCALE``, ``F.gelu``), their closure cells, and on every module of
+    the tree (and every module whose method ran, for a compiled function) the attributes of
+    those names; and the constant tensors it read (a later requires_grad_() or .data)."""
+    g = StateGuards()
+    names: set = set()
+    for code, glob in tracer.codes.items():
+        spelled = [*code.co_names, *(c for c in code.co_consts if _identifier(c))]
+        names.update(spelled)  # (a string constant: getattr(self, "scale"))
+        where = glob.get("__name__", "?")
+        for name in code.co_names:
+            if name not in glob:
+                continue
+            g.add(f"the global {where}.{name}", glob, name)
+            value = glob[name]
+            g.reason = g.reason or _foreign_random(value, name)
+            if isinstance(value, (types.ModuleType, type)) and "_parameters" not in vars(value):
+                attrs = vars(value)
+                for attr in code.co_names:
+                    if attr in attrs and not attr.startswith("__"):
+                        g.add(f"{name}.{attr}", attrs, attr)
+                        g.reason = g.reason or _foreign_random(attrs[attr], f"{name}.{attr}")
+        if code.co_freevars:
+            for f in _functions_of(code):
+                for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+                    g.add(f"the closure variable {name} of {f.__qualname__}", cell, None)
+                    value = _read(cell, None)
+                    g.reason = g.reason or _foreign_random(value, name)
+    fn = getattr(fn, "__func__", fn)  # a bound method's function
+    code = getattr(fn, "__code__", None)
+    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", ()) or ()):
+        g.add(f"the closure variable {name} of {fn.__qualname__}", cell, None)
+    for t in tracer.constants:
+        g.add(f"a constant tensor it read ({tuple(t.shape)})", t, TENSOR)
+    roots = [] if root is None else [root]
+    roots += [m for m in tracer.modules.values() if m is not root]
+    seen: set = set()
+    classes: dict = {}
+    for top in roots:
+        for m in modules_of(top):
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            d, cls = m.__dict__, type(m)
+            if m is not root:  # a module outside the compiled tree: its flag, and itself
+                g.add(f"{cls.__name__}.training", d, "training", module=True)
+            for name in d:
+                if name in names and name not in _MODULE_KEYS and not _registered(d, name):
+                    if m is root and name == "forward":
+                        continue  # compile's own
+                    g.add(f"{cls.__name__}.{name}", d, name, module=True)
+            if m is not root:  # (the root's forward is compile's own)
+                g.add(f"{cls.__name__}.forward (instance)", d, "forward", module=True)
+            classes.setdefault(cls, []).append(d)
+    for cls, dicts in classes.items():  # class attributes and methods read through self
+        for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
+            for klass in cls.__mro__[:-1]:  # (not object); super() reaches the later ones
+                if name in klass.__dict__:
+                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name)
+                    value = klass.__dict__[name]
+                    if not callable(value) and not isinstance(value, property):
+                        for d in dicts:  # a later instance attribute would shadow it
+                            g.add(f"{cls.__name__}.{name} (instance)", d, name, True)
+    return g
+
+
+def _identifier(c) -> bool:
+    return isinstance(c, str) and c.isidentifier()
+
+
+def _foreign_random(value, name: str) -> str | None:
+    """A reason to run eagerly when ``value`` is Python's or NumPy's random generator: draws
+    from them are invisible to the trace, so a replay would repeat the traced ones."""
+    if value is random or value is np.random or isinstance(value, _GENERATORS):
+        return (
+            f"it reads {name}, a random generator other than tensorgrad's (replay would repeat "
+            "its traced draws; use tg.rand or F.dropout)"
+        )
+    return None
+
+
+def _functions_of(code) -> list:
+    """The live functions whose code is ``code`` (a closure's cells are found through them)."""
+    return [
+        f for f in gc.get_referrers(code) if type(f) is types.FunctionType and f.__code__ is code
+    ]
+
+
+def _registered(d: dict, name: str) -> bool:
+    return name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]
