@@ -47,6 +47,7 @@ _DTYPES = {  # safetensors' names for the dtypes NumPy stores (little-endian on 
     "C64": np.complex64,
 }
 _STORED = {np.dtype(t) for t in _DTYPES.values()}
+_ITEMSIZE = {k: np.dtype(t).itemsize for k, t in _DTYPES.items()}
 _MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__")
 
 
@@ -203,7 +204,7 @@ def _read_header(fh, size: int) -> tuple[dict, int, object]:
     bytes; every entry is checked and the entries must tile the data, which fills the file."""
     head = fh.read(8)
     n = int.from_bytes(head, "little")
-    if len(head) < 8 or n > min(MAX_HEADER, size - 8):
+    if len(head) < 8 or n > size - 8 or n > MAX_HEADER:
         raise _Refused(f"is not a tensorgrad file: {_no_header(head, n, size)}")
     try:
         header = json.loads(fh.read(n).decode("utf-8"))
@@ -212,24 +213,9 @@ def _read_header(fh, size: int) -> tuple[dict, int, object]:
     meta = header.pop("__metadata__", None) if isinstance(header, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get(_KEY), str):
         raise _Refused(f"is not a tensorgrad file: no {_KEY!r} metadata")
-    end = 0
-    for name, t in sorted(header.items(), key=lambda kv: _start(kv[1])):
-        if not _entry_ok(t):
-            raise _Refused(f"is corrupt: the entry of {_short(name)} is malformed")
-        a, b = t["data_offsets"]
-        if a != end:
-            raise _Refused(
-                f"is corrupt: the data of {_short(name)} overlaps another's or leaves a gap"
-            )
-        if math.prod(max(s, 1) for s in t["shape"]) * 16 >= 2**63:  # NumPy's bound
-            raise _Refused(f"is corrupt: the shape of {_short(name)} is too large")
-        if b - a != math.prod(t["shape"]) * np.dtype(_DTYPES[t["dtype"]]).itemsize:
-            raise _Refused(
-                f"is corrupt: the size of {_short(name)} does not match its shape and dtype"
-            )
-        end = b
-    if 8 + n + end != size:
-        raise _Refused(f"is corrupt: the header describes {8 + n + end} bytes, the file has {size}")
+    why = layout_problem(header, size - 8 - n, _ITEMSIZE)
+    if why is not None:
+        raise _Refused(f"is corrupt: {why}")
     try:
         tree = json.loads(meta[_KEY])
     except (ValueError, RecursionError):
@@ -247,7 +233,66 @@ def _no_header(head: bytes, n: int, size: int) -> str:
         )
     if len(head) < 8:
         return f"{size} bytes, shorter than its 8-byte header"
-    return f"a header length of {n} does not fit the file"
+    if n > size - 8:
+        return f"its header of {n} bytes does not fit in the file ({size} bytes)"
+    return f"its header of {n} bytes is over the {MAX_HEADER} bytes a header may have"
+
+
+def layout_problem(entries: dict, data_bytes: int, itemsizes: dict) -> str | None:
+    """Why the tensor entries of a safetensors header (name -> {"dtype", "shape",
+    "data_offsets"}, ``__metadata__`` removed) do not lay out a data section of
+    ``data_bytes`` bytes exactly, in words naming the tensor; None when they do.
+
+    Each entry is an object with a dtype of ``itemsizes`` (its name -> bytes per element), a
+    shape of at most 32 non-negative integers that NumPy can allocate, and two data offsets,
+    in order, inside the data, as many bytes apart as its shape and dtype need. Sorted by
+    offset, the entries neither overlap nor leave a gap, and the last ends where the data
+    does. Each way to fail has its own words. (gpt.store.validate checks its files with it.)"""
+    spans = []
+    for name, t in entries.items():
+        what = _short(name)
+        if not isinstance(t, dict):
+            return f"the entry of {what} is not a JSON object"
+        dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in itemsizes:
+            return f"{what} has the dtype {_short(dtype)}, not one of {', '.join(itemsizes)}"
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= 32
+            and all(_is_int(s) and s >= 0 for s in shape)
+        ):
+            return f"the shape of {what} is not a list of at most 32 non-negative integers"
+        if math.prod(max(s, 1) for s in shape) * 16 >= 2**63:  # NumPy's bound
+            return f"the shape of {what} is too large"
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_is_int(o) and o >= 0 for o in offsets)
+        ):
+            return f"the data_offsets of {what} are not two non-negative integers"
+        a, b = offsets
+        if a > b:
+            return f"the data of {what} ends (at byte {b}) before it begins ({a})"
+        if b > data_bytes:
+            return (
+                f"the data of {what} (bytes {a} to {b}) runs past the end of the file, "
+                f"whose data is {data_bytes} bytes"
+            )
+        need = math.prod(shape) * itemsizes[dtype]
+        if b - a != need:
+            return f"the data of {what} is {b - a} bytes; its shape {shape} of {dtype} needs {need}"
+        spans.append((a, b, what))
+    end, last = 0, None
+    for a, b, what in sorted(spans):
+        if a < end:
+            return f"the data of {what} (bytes {a} to {b}) overlaps that of {last}"
+        if a > end:
+            after = f"after the data of {last}" if last else "at the start of the data"
+            return f"a gap of {a - end} bytes {after}, before the data of {what}"
+        end, last = b, what
+    if end != data_bytes:
+        return f"{data_bytes - end} bytes follow the last tensor's data (the file is padded)"
+    return None
 
 
 def _short(name) -> str:
@@ -256,27 +301,8 @@ def _short(name) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _start(t) -> int:
-    ok = isinstance(t, dict) and isinstance(t.get("data_offsets"), list) and t["data_offsets"]
-    return t["data_offsets"][0] if ok and _is_int(t["data_offsets"][0]) else -1
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _entry_ok(t) -> bool:
-    return (
-        isinstance(t, dict)
-        and isinstance(t.get("dtype"), str)
-        and t["dtype"] in _DTYPES
-        and isinstance(t.get("shape"), list)
-        and len(t["shape"]) <= 32
-        and all(_is_int(s) and s >= 0 for s in t["shape"])
-        and isinstance(t.get("data_offsets"), list)
-        and len(t["data_offsets"]) == 2
-        and all(_is_int(o) and o >= 0 for o in t["data_offsets"])
-    )
 
 
 def _reader(fh, header: dict, start: int):

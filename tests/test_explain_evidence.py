@@ -1,5 +1,7 @@
 """gpt-explain's evidence: each number it shows checked by a second, independent computation."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -7,7 +9,7 @@ import tensorgrad as tg
 from gpt.config import GPTConfig
 from gpt.explain import explain, prompt_tokenizer
 from gpt.explain.checks import finite_differences, float64_copy
-from gpt.explain.record import record
+from gpt.explain.record import Call, record
 from gpt.explain.stages import stages
 from gpt.model import GPT
 
@@ -185,6 +187,44 @@ def test_recorded_forward_is_the_models(tok):
         _, want = model(idx, targets)  # the fused attention: the same math, other rounding
     assert float(loss.item()) == pytest.approx(float(want.item()), rel=1e-6)
     assert len(atts) == 2
+
+
+def shape_of(call: Call):
+    """A recorded call as nested tuples: its name, its ops, its events (children's calls, and
+    each group of its own ops with the statement that ran them)."""
+    events = tuple(
+        shape_of(e) if isinstance(e, Call) else ("ops", tuple(op.ran for op in e.ops), e.place)
+        for e in call.events
+    )
+    return (call.name, call.leaf, tuple(op.ran for op in call.ops), events)
+
+
+def test_ops_another_thread_runs_during_the_recorded_forward_are_not_recorded(tok):
+    """The op observer and the hooks are process-wide: while the forward is recorded another
+    thread runs ops and calls one of the model's own modules (joined before the forward goes
+    on: no timing involved). None of it is recorded: the tree is the one recorded alone."""
+    model = tiny(tok)
+    model.eval()
+    idx, targets = batch(tok)
+    alone = shape_of(record(model, idx, targets)[0])
+    ran = []
+
+    def elsewhere():
+        x = tg.randn(1, 2, model.config.n_embd)
+        ran.append(model.transformer.ln_f((x * 2.0).exp()).sum())
+
+    def meanwhile(module, args):
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join()
+
+    handle = model.transformer.h[0].mlp.register_forward_pre_hook(meanwhile)
+    try:
+        beside = shape_of(record(model, idx, targets)[0])
+    finally:
+        handle.remove()
+    assert len(ran) == 1  # the other thread's ops ran during the recorded forward
+    assert beside == alone
 
 
 def test_followed_weights_and_a_carried_optimizer(tok):

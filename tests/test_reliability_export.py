@@ -131,6 +131,37 @@ def test_export_refuses_its_own_directory_once_a_user_changed_or_added_a_file(
     assert snapshot(to) == before
 
 
+@pytest.mark.parametrize(
+    "fmt", ["other-tool/hf-export/1", "tensorgrad-gpt/hf-export/2", None, 3], ids=str
+)
+def test_a_manifest_of_another_format_is_refused_in_one_line(runs, tmp_path, capsys, fmt):
+    """A gpt-export.json that lists the directory's files, each unchanged, but whose format is
+    not gpt-export's (another tool's file of the same name, a later version of this one, or
+    none) is not taken for gpt's own: gpt-export refuses the directory in one line naming the
+    format, and save_pretrained (which writes into a used directory in place) refuses to
+    overwrite the manifest; nothing changes."""
+    (a, _), (b, model_b) = runs
+    to = tmp_path / "hf"
+    assert export_main(a, to, capsys)[0] == 0
+    path = to / owned_dir.MANIFEST
+    manifest = json.loads(path.read_text())
+    if fmt is None:
+        del manifest["format"]
+    else:
+        manifest["format"] = fmt
+    path.write_text(json.dumps(manifest))
+    before = snapshot(to)
+    code, err = export_main(b, to, capsys)
+    one_line_error(
+        code, err, str(path), "not written by gpt-export", f"its format is {json.dumps(fmt)}"
+    )
+    assert snapshot(to) == before
+    with pytest.raises(ValueError, match=r"not written by gpt \(its format is ") as e:
+        model_b.save_pretrained(to)
+    assert "\n" not in str(e.value)
+    assert snapshot(to) == before
+
+
 def test_a_killed_reexport_leaves_the_first_export_whole(runs, tmp_path, monkeypatch, capsys):
     """Interrupted after the new weights are written (the tokenizer comes next), or between
     the two renames of the swap: the directory is the first export whole, never a mix (a

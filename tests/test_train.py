@@ -191,7 +191,11 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(corpus, full_run, tmp_
 
 
 def test_sigint_in_process_then_resume_is_exact(corpus, full_run, tmp_path, monkeypatch, capsys):
-    """A signal during step 2 finishes it, saves at iter 3 and the resume matches the full run."""
+    """A signal during step 2 finishes it, saves at iter 3 and the resume matches the full run.
+
+    gpt-train puts back the SIGINT handler it found: here one the test installs, since the
+    one a test process inherits depends on how it was started (a shell's background job,
+    such as a second suite run beside this one, starts with SIGINT ignored)."""
     calls = []
     real = train_loop.clip_grad_norm_
 
@@ -201,14 +205,21 @@ def test_sigint_in_process_then_resume_is_exact(corpus, full_run, tmp_path, monk
             signal.raise_signal(signal.SIGINT)
         return real(params, max_norm)
 
+    def outside(signum, frame):
+        raise AssertionError("SIGINT reached the handler gpt-train should have replaced")
+
     monkeypatch.setattr(train_loop, "clip_grad_norm_", clip)
     out = tmp_path / "int"
-    code, _, err = run(corpus, out, "--max-iters", "6", "--eval-interval", "3", capsys=capsys)
+    found = signal.signal(signal.SIGINT, outside)
+    try:
+        code, _, err = run(corpus, out, "--max-iters", "6", "--eval-interval", "3", capsys=capsys)
+        assert signal.getsignal(signal.SIGINT) is outside  # restored
+    finally:
+        signal.signal(signal.SIGINT, found)
     assert code == 130
     assert "--resume" in err and str(out) in err
     assert json.loads((out / "ckpt.json").read_text())["iter"] == 3
     monkeypatch.setattr(train_loop, "clip_grad_norm_", real)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     assert train.main(["--resume", "--out-dir", str(out)]) == 0
     assert_same_steps(full_run, out)
 

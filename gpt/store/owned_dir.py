@@ -92,14 +92,26 @@ def sha256_file(path: Path) -> str:
 
 def read_manifest(d: Path) -> dict | None:
     """name -> sha256 from d's manifest; None when it is absent or not one gpt wrote."""
+    return _manifest(d)[0]
+
+
+def _manifest(d: Path) -> tuple[dict | None, str]:
+    """(name -> sha256, "") from d's manifest, or (None, why it is not one gpt wrote)."""
     try:
         st = os.lstat(d / MANIFEST)
         if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return None
+            return None, "not a regular file of at most 1 MiB"
         m = json.loads((d / MANIFEST).read_text("utf-8"))
+    except FileNotFoundError:
+        return None, "absent"
     except (OSError, ValueError, RecursionError):
-        return None
-    files = m.get("files") if isinstance(m, dict) and m.get("format") == FORMAT else None
+        return None, "not JSON"
+    if not isinstance(m, dict):
+        return None, "not a JSON object"
+    if m.get("format") != FORMAT:  # another tool's manifest of the same name
+        fmt = shown(json.dumps(m.get("format"), ensure_ascii=True))
+        return None, f"its format is {fmt}, not gpt-export's {json.dumps(FORMAT)}"
+    files = m.get("files")
     ok = isinstance(files, dict) and all(
         isinstance(n, str)
         and "/" not in n
@@ -108,7 +120,7 @@ def read_manifest(d: Path) -> dict | None:
         and len(h) == 64
         for n, h in files.items()
     )
-    return files if ok else None
+    return (files, "") if ok else (None, "its list of files is malformed")
 
 
 def inspect(d: Path) -> tuple[str, dict, str]:
@@ -121,10 +133,10 @@ def inspect(d: Path) -> tuple[str, dict, str]:
         return "new", {}, ""
     if not names:
         return "new", {}, ""
-    listed = read_manifest(d)
+    listed, why = _manifest(d)
     if listed is None:
         if MANIFEST in names:
-            return "foreign", {}, f"{d / MANIFEST} was not written by gpt-export"
+            return "foreign", {}, f"{d / MANIFEST} was not written by gpt-export ({why})"
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         why = f"{d} is not empty and was not written by gpt-export (it holds {names[0]}{more})"
         return "foreign", {}, why
@@ -244,8 +256,11 @@ def _in_place(d: Path, fill, ours: dict, stale: set, last: str | None) -> list[s
                 f"{d / n} was not written by gpt, and readers would take it for the tokenizer "
                 "being saved; move it away or save to another directory"
             )
-    if os.path.lexists(d / MANIFEST) and read_manifest(d) is None:
-        raise ValueError(f"{d / MANIFEST} was not written by gpt; move it away or save elsewhere")
+    listed, why = _manifest(d)
+    if os.path.lexists(d / MANIFEST) and listed is None:
+        raise ValueError(
+            f"{d / MANIFEST} was not written by gpt ({why}); move it away or save elsewhere"
+        )
     tmp, files = _stage(d, fill, d, {})  # inside d: the renames below stay on one filesystem
     try:
         if last in files:

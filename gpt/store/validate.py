@@ -21,6 +21,8 @@ import re
 import stat
 from pathlib import Path
 
+from tensorgrad.serialization import layout_problem
+
 from ..config import GPTConfig
 from .errors import CheckpointError
 
@@ -207,7 +209,8 @@ def regular_file(path: Path, what: str, max_bytes: int) -> int:
 # ----------------------------------------------------------------------------- safetensors
 def read_header(path: Path, max_entries: int | None = None) -> dict:
     """name -> {'dtype', 'shape', 'data_offsets'} from a safetensors file, reading only its
-    header; checks that the offsets tile the data exactly and the file has that size. With
+    header; checks that the offsets tile the data exactly and the file has that size
+    (tensorgrad.serialization.layout_problem: each malformed layout in its own words). With
     ``max_entries``, a header naming more tensors is refused before any entry is checked."""
     size = regular_file(path, "a safetensors file", 1 << 44)
     bad = f"{path} is not a valid safetensors file"
@@ -217,8 +220,15 @@ def read_header(path: Path, max_entries: int | None = None) -> dict:
             if len(head) < 8:
                 raise CheckpointError(f"{bad} ({size} bytes, shorter than its 8-byte header)")
             n = int.from_bytes(head, "little")
-            if n > min(MAX_HEADER, size - 8):
-                raise CheckpointError(f"{bad} (header length {n} does not fit the file)")
+            if n > size - 8:
+                raise CheckpointError(
+                    f"{bad} (its header of {n:,} bytes does not fit in the file, {size:,} bytes)"
+                )
+            if n > MAX_HEADER:
+                raise CheckpointError(
+                    f"{bad} (its header of {n:,} bytes is over the {MAX_HEADER:,} a header "
+                    "may have)"
+                )
             header = json.loads(f.read(n))
     except (ValueError, RecursionError):  # bad JSON or UTF-8, or an int of 5000 digits
         raise CheckpointError(f"{bad} (its header is not JSON)") from None
@@ -232,36 +242,9 @@ def read_header(path: Path, max_entries: int | None = None) -> dict:
             f"{path} does not fit the model config: its header has {len(header):,} entries, "
             f"more than the {max_entries:,} this model can hold"
         )
-    spans = []
-    for name, t in header.items():
-        ok = (
-            isinstance(t, dict)
-            and t.get("dtype") in DTYPE_BYTES
-            and isinstance(t.get("shape"), list)
-            and all(is_int(s) and s >= 0 for s in t["shape"])
-            and isinstance(t.get("data_offsets"), list)
-            and len(t["data_offsets"]) == 2
-            and all(is_int(o) for o in t["data_offsets"])
-        )
-        if not ok:
-            raise CheckpointError(f"{bad} (tensor {name!r} has a malformed header entry)")
-        a, b = t["data_offsets"]
-        if b - a != math.prod(t["shape"]) * DTYPE_BYTES[t["dtype"]]:
-            raise CheckpointError(
-                f"{bad} (tensor {name!r}: offsets do not match its shape "
-                f"{t['shape']} and dtype {t['dtype']})"
-            )
-        spans.append((a, b))
-    pos = 0
-    for a, b in sorted(spans):
-        if a != pos:
-            raise CheckpointError(f"{bad} (tensor data overlaps or leaves gaps)")
-        pos = b
-    if 8 + n + pos != size:
-        raise CheckpointError(
-            f"{bad} (the header describes {8 + n + pos:,} bytes, the file "
-            f"has {size:,}: truncated or padded)"
-        )
+    why = layout_problem(header, size - 8 - n, DTYPE_BYTES)
+    if why is not None:
+        raise CheckpointError(f"{bad} ({why})")
     return header
 
 

@@ -252,7 +252,9 @@ class NumbaFlashAttention(Op):
         kept = np.empty((BH, L, S), F32) if keeps_probs(BH, L, S, Ev) else None
 
         def heads(h0, h1, serial):
-            for i0, i1 in strips(h1 - h0, L, S):
+            # strips of all BH heads' size, whatever share a thread takes: gk and gv sum over
+            # the strips, so the same strips give the same bits on any thread count
+            for i0, i1 in strips(BH, L, S):
                 n = min(S, i1 + off) if causal else S  # keys this strip may see
                 if n <= 0:
                     o[h0:h1, i0:i1] = 0
@@ -289,7 +291,7 @@ class NumbaFlashAttention(Op):
         gk, gv = np.zeros_like(k3), np.zeros_like(v3)
 
         def heads(h0, h1, serial):
-            for i0, i1 in strips(h1 - h0, L, S):
+            for i0, i1 in strips(BH, L, S):  # (as in forward: the same on any thread count)
                 n = min(S, i1 + off) if causal else S
                 if n <= 0:
                     gq[h0:h1, i0:i1] = 0
