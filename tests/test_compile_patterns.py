@@ -279,7 +279,8 @@ def test_the_block_kernel_runs_the_exact_gelu():
     idx = torch.tensor(np.zeros((2, 8), dtype=np.int64))
     for _ in range(3):
         compiled(idx, idx)[1].backward()
-    (entry,) = [e[1] for e in compiled_forward(compiled).entries.values() if e[0] == "ready"]
+    entries = compiled_forward(compiled).entries.values()
+    (entry,) = [v.graph for vs in entries for v in vs if v.state == "ready"]
     blocks = [s for s in entry.plan if s.pattern == BLOCK]
     assert [s.impl.__name__ for s in blocks] == ["NumbaGPT2Block"] * 2
     assert all(s.kwargs["approximate"] == ("c", "none") for s in blocks)

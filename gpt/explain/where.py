@@ -28,7 +28,7 @@ WHERE: dict[str, list[tuple[str, str, str]]] = {
     "backward": [("tensorgrad/autograd/walk.py", "walk", "def walk")],
     "wqkv_grad": [("tensorgrad/ops/linalg.py", "Linear.backward", "gw = matmul(_mT(g2), x2)")],
     "embedding_grad": [
-        ("tensorgrad/ops/nn.py", "Embedding.backward", "return add_at(self.wshape, idx")
+        ("tensorgrad/ops/nn.py", "Embedding.backward", "gw = add_at(self.wshape, idx")
     ],
     "adamw": [("tensorgrad/optim/__init__.py", "adamw_update", "def adamw_update")],
     "finite_differences": [

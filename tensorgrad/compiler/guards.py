@@ -21,12 +21,13 @@ Two parts, as torch.compile's guards have them:
 Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
 library is not listed: what it reads is recorded as ops and kernels, or never changes.
 
-Imports: dataclasses, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
+Imports: dataclasses, dis, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import dis
 import gc
 import random
 import sys
@@ -47,7 +48,11 @@ _MODULE_KEYS |= {"_forward_pre_hooks", "_forward_hooks", "_made_in_trace"}
 # packages whose code reads nothing a user changes between calls (or records it as ops)
 _INTERNAL = ("tensorgrad.autograd", "tensorgrad.ops", "tensorgrad.kernels", "tensorgrad.compiler")
 _INTERNAL += ("tensorgrad.tensor", "tensorgrad.devices", "tensorgrad.indexing", "tensorgrad.types")
-_INTERNAL += ("tensorgrad.printing", "tensorgrad.factory", "numpy", "numba", "llvmlite")
+_INTERNAL += ("tensorgrad.printing", "tensorgrad.factory", "tensorgrad.nn.module", "numpy")
+_INTERNAL += ("numba", "llvmlite", "scipy")
+# tools that run Python beside a forward, not in it (gc callbacks, progress bars, debuggers)
+_INTERNAL += ("hypothesis", "_pytest", "pytest", "pluggy", "coverage", "tqdm", "IPython")
+_INTERNAL += ("ipykernel", "debugpy", "_pydevd", "pydevd")
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
@@ -195,6 +200,8 @@ def guarded_code(frame) -> bool:
     """Whether the Python state this frame's code reads is guarded: user code and the layers
     (tensorgrad.nn, its functional), not tensorgrad's internals, NumPy or the stdlib."""
     name = frame.f_globals.get("__name__") or ""
+    if frame.f_code.co_name == "<module>":
+        return False  # a module imported on first use: its import, not the forward's state
     return not (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
 
 
@@ -331,7 +338,8 @@ def state_guards(tracer, root, fn) -> StateGuards:
                 for attr in code.co_names:
                     if attr in attrs and not attr.startswith("__"):
                         g.add(f"{name}.{attr}", attrs, attr)
-                        g.reason = g.reason or _foreign_random(attrs[attr], f"{name}.{attr}")
+                if value is np and "random" in code.co_names and _reads(code, "np", "random"):
+                    g.reason = g.reason or _foreign_random(np.random, f"{name}.random")
         if code.co_freevars:
             for f in _functions_of(code):
                 for name, cell in zip(code.co_freevars, f.__closure__ or ()):
@@ -374,6 +382,16 @@ def state_guards(tracer, root, fn) -> StateGuards:
                         for d in dicts:  # a later instance attribute would shadow it
                             g.add(f"{cls.__name__}.{name} (instance)", d, name, True)
     return g
+
+
+def _reads(code, name: str, attr: str) -> bool:
+    """Whether ``code`` reads the global ``name``'s attribute ``attr`` (``np.random``)."""
+    last = None
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval == attr and last == name:
+            return True
+        last = ins.argval if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") else None
+    return False
 
 
 def _identifier(c) -> bool:

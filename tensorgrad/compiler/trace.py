@@ -18,7 +18,7 @@ An array that is none of these (a causal mask, position ids) is a constant of th
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
 
-Imports: contextlib, dataclasses, numpy, sys, ..autograd, ..devices, ..tensor.
+Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ This file holds the functions a GPT uses; the rest of ``F`` (log_softmax, silu, 
 batch_norm, ...; nll_loss, mse_loss, ...) is written in ``activations.py`` and ``losses.py``
 and re-exported here, so that ``F.silu`` works as in PyTorch.
 
-Imports: numpy, .activations, .losses, ..factory, ..ops, ..tensor.
+Imports: numpy, .activations, .losses, ..ops, ..tensor.
 """
 
 from __future__ import annotations
