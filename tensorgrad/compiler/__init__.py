@@ -124,9 +124,11 @@ class CompiledForward:
         with tracing(tracer):
             out = self.fn(*args, **kwargs)
         graph = tracer.finish(out)
-        if seen is not None:  # the Python both traces ran (a cached helper runs in one)
-            for code, glob in seen.codes.items():
-                tracer.codes.setdefault(code, glob)
+        if seen is not None:  # the first trace's Python too (a cached helper runs in one), of
+            ours = {id(glob) for glob in tracer.codes.values()}  # the modules this one ran
+            for code, glob in seen.codes.items():  # (not the first call's one-off setup: a
+                if id(glob) in ours:  # kernel compiled, a library imported)
+                    tracer.codes.setdefault(code, glob)
         guards = state_guards(tracer, self.module, self.fn)
         if graph.reason is None:
             graph.reason = guards.reason

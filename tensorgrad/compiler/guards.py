@@ -200,8 +200,9 @@ def guarded_code(frame) -> bool:
     """Whether the Python state this frame's code reads is guarded: user code and the layers
     (tensorgrad.nn, its functional), not tensorgrad's internals, NumPy or the stdlib."""
     name = frame.f_globals.get("__name__") or ""
-    if frame.f_code.co_name == "<module>":
-        return False  # a module imported on first use: its import, not the forward's state
+    code = frame.f_code
+    if code.co_name == "<module>" or code.co_filename.startswith("<"):
+        return False  # a module imported on first use, generated code (a namedtuple's __new__)
     return not (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
 
 
@@ -221,12 +222,14 @@ class StateGuards:
         self.epoch = model_epoch[0]
         self._seen: set = set()
 
-    def add(self, label: str, container, key, module: bool = False) -> None:
+    def add(self, label: str, container, key, module: bool = False, owner=None) -> None:
         """Guard ``container[key]`` (a dict: globals, a module's __dict__, a class's; or a
-        cell, key None) at the value it has now (``module``: a module's __dict__)."""
-        if (id(container), key) in self._seen:
+        cell, key None) at the value it has now (``module``: a module's __dict__; ``owner``:
+        what the container belongs to, when it is made afresh at each reading: a class)."""
+        ident = (id(container if owner is None else owner), key)
+        if ident in self._seen:
             return
-        self._seen.add((id(container), key))
+        self._seen.add(ident)
         value = _read(container, key)
         item = [label, container, key, value, _copy(value)]
         (self.settled if module and item[4] is MISSING else self.items).append(item)
@@ -328,7 +331,7 @@ def state_guards(tracer, root, fn) -> StateGuards:
         names.update(spelled)  # (a string constant: getattr(self, "scale"))
         where = glob.get("__name__", "?")
         for name in code.co_names:
-            if name not in glob:
+            if name not in glob or name.startswith("__"):
                 continue
             g.add(f"the global {where}.{name}", glob, name)
             value = glob[name]
@@ -337,7 +340,7 @@ def state_guards(tracer, root, fn) -> StateGuards:
                 attrs = vars(value)
                 for attr in code.co_names:
                     if attr in attrs and not attr.startswith("__"):
-                        g.add(f"{name}.{attr}", attrs, attr)
+                        g.add(f"{name}.{attr}", attrs, attr, owner=value)
                 if value is np and "random" in code.co_names and _reads(code, "np", "random"):
                     g.reason = g.reason or _foreign_random(np.random, f"{name}.random")
         if code.co_freevars:
@@ -376,7 +379,7 @@ def state_guards(tracer, root, fn) -> StateGuards:
         for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
             for klass in cls.__mro__[:-1]:  # (not object); super() reaches the later ones
                 if name in klass.__dict__:
-                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name)
+                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name, owner=klass)
                     value = klass.__dict__[name]
                     if not callable(value) and not isinstance(value, property):
                         for d in dicts:  # a later instance attribute would shadow it
