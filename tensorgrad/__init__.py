@@ -8,20 +8,32 @@
 Its names are PyTorch's (``import tensorgrad as torch`` ports GPT code;
 docs/porting-differences.md lists what differs on purpose).
 
-Imports: importlib, numpy, .amp, .autograd, .backends, .compiler, .cuda, .devices,
+Imports: numpy, ._inductor, .amp, .autograd, .backends, .compiler, .cuda, .devices,
 .distributed, .factory, .gradcheck, .kernels, .nn, .ops, .optim, .sampling, .serialization,
-.tensor, .tensor_functions, .types, .utils, .viz.
+.tensor, .tensor_functions, .types, .utils, .version, .viz.
 """
-
-from importlib import metadata as _metadata
 
 import numpy as _np
 
-from . import amp, autograd, backends, cuda, distributed, kernels, nn, optim, utils, viz
+from . import (
+    _inductor,  # noqa: F401  (torch._inductor.config: scripts set it)
+    amp,
+    autograd,
+    backends,
+    cuda,
+    distributed,
+    kernels,
+    nn,
+    optim,
+    utils,
+    version,
+    viz,
+)
 from .amp import autocast, bfloat16
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .compiler import compile  # noqa: A004  (torch.compile)
 from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
+from .cuda.ops import get_float32_matmul_precision, set_float32_matmul_precision
 from .devices import (
     device_of,
     get_array_module,
@@ -82,10 +94,7 @@ try:  # compiled CPU kernels, where numba is installed (a default dependency)
 except ImportError:
     cpu_numba = None
 
-try:
-    __version__ = _metadata.version("tensorgrad-gpt")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.1.0"
+__version__ = version.__version__
 
 float32, float64, float16 = (as_dtype(_t) for _t in (_np.float32, _np.float64, _np.float16))
 int8, int16, int32, int64 = (as_dtype(_t) for _t in (_np.int8, _np.int16, _np.int32, _np.int64))
@@ -186,6 +195,9 @@ __all__ = [
     "bfloat16",
     "backends",
     "compile",
+    "set_float32_matmul_precision",
+    "get_float32_matmul_precision",
+    "version",
     "utils",
 ]
 __all__.extend(_functions_all)

@@ -1426,7 +1426,38 @@ IDIOMS = [
         lambda: nn.BatchNorm1d(3, momentum=0.2),
         "BatchNorm1d(3, eps=1e-05, momentum=0.2, affine=True, bias=True, track_running_stats=True)",
     ),
+    (
+        "set_float32_matmul_precision (build-nanogpt)",
+        lambda: [
+            torch.set_float32_matmul_precision(p) or torch.get_float32_matmul_precision()
+            for p in ("high", "medium", "highest")
+        ],
+        "['high', 'medium', 'highest']",
+    ),
+    ("torch.version.cuda, as a CPU build", lambda: torch.version.cuda, "None"),
+    ("torch.version.__version__", lambda: torch.version.__version__ == torch.__version__, "True"),
+    (
+        "cuda memory statistics, as a CPU build (llm.c)",
+        lambda: [torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()],
+        "[0, 0]",
+    ),
+    (
+        "torch._inductor.config is settable (llm.c)",
+        lambda: _inductor_config_set("coordinate_descent_tuning", True),
+        "True",
+    ),
 ]
+
+
+def _inductor_config_set(name, value):
+    import tensorgrad._inductor.config as config
+
+    before = getattr(config, name)
+    setattr(config, name, value)
+    try:
+        return getattr(config, name)
+    finally:
+        setattr(config, name, before)
 
 
 @pytest.mark.parametrize(("code", "expected"), [pytest.param(c, e, id=n) for n, c, e in IDIOMS])
@@ -1436,6 +1467,13 @@ def test_idiom_gives_pytorchs_result(code, expected):
 
 ERRORS = [
     ("reversed slice", lambda: torch.arange(4)[::-1], ValueError, "step must be greater than zero"),
+    ("to(bfloat16), no storage", lambda: torch.ones(2).to(torch.bfloat16), TypeError, "no storage"),
+    (
+        "an unknown float32 matmul precision",
+        lambda: torch.set_float32_matmul_precision("low"),
+        RuntimeError,
+        "Invalid precision",
+    ),
     (
         "float32 @ float64",
         lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64),

@@ -75,8 +75,55 @@ def manual_seed_all(seed: int) -> None:
     devices.generators.manual_seed_cuda(seed)
 
 
+# --------------------------------------------------------------------------- memory statistics
+# PyTorch's names; without a GPU each answers as PyTorch's CPU build does (0 bytes). On a GPU
+# they read CuPy's memory pool: "allocated" is what tensors hold, "reserved" what the pool
+# holds, and a peak is the pool's size (it grows to the peak and keeps it until emptied).
+def _pool():
+    return devices.require_cupy().get_default_memory_pool() if cuda_available() else None
+
+
+def memory_allocated(device=None) -> int:
+    pool = _pool()
+    return 0 if pool is None else int(pool.used_bytes())
+
+
+def memory_reserved(device=None) -> int:
+    pool = _pool()
+    return 0 if pool is None else int(pool.total_bytes())
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_reserved(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_reserved(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Start the peaks afresh: on a GPU the pool gives its unused blocks back."""
+    empty_cache()
+
+
+reset_max_memory_allocated = reset_peak_memory_stats
+
+
+def empty_cache() -> None:
+    pool = _pool()
+    if pool is not None:
+        pool.free_all_blocks()
+
+
 __all__ = [
     "current_device",
+    "empty_cache",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
     "device_count",
     "get_matmul_precision",
     "is_available",

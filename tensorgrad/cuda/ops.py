@@ -172,6 +172,25 @@ def get_matmul_precision() -> str:
     return _precision[0]
 
 
+# torch.set_float32_matmul_precision's names, and the GPU mode each picks: 'high' lets float32
+# matmuls use TF32 tensor cores, 'medium' bfloat16 ones; the CPU computes float32 in every mode
+FLOAT32_PRECISIONS = {"highest": "highest", "high": "tf32", "medium": "bf16"}
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """As ``torch.set_float32_matmul_precision``: 'highest', 'high' (TF32 on the GPU) or
+    'medium' (bfloat16 on the GPU); the CPU keeps float32."""
+    if precision not in FLOAT32_PRECISIONS:
+        raise RuntimeError(
+            f"Invalid precision {precision!r}: expected one of {', '.join(FLOAT32_PRECISIONS)}"
+        )
+    set_matmul_precision(FLOAT32_PRECISIONS[precision])
+
+
+def get_float32_matmul_precision() -> str:
+    return {mode: name for name, mode in FLOAT32_PRECISIONS.items()}[_precision[0]]
+
+
 @register(
     "matmul",
     "cuda",
