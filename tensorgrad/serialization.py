@@ -1,25 +1,31 @@
 """``tg.save(obj, path)`` / ``tg.load(path)``: state dicts of tensors, without pickle.
 
 The tensors (and arrays, and NumPy scalars) go into one safetensors file; everything else in
-``obj`` (nested dicts, lists, tuples, numbers, strings, None) goes, as JSON, into its metadata,
-with each tensor replaced by a reference to its entry. Loading never executes code from the
+``obj`` (nested dicts, lists, tuples, numbers, strings, None; dataclasses, namedtuples, enums
+and plain-field objects as their class's name and fields) goes, as JSON, into its metadata,
+with each tensor replaced by a reference to its entry. load() gives an object's fields as a
+dict, or the object where its class was allowed (``add_safe_globals``). Loading never executes code from the
 file, and treats it as untrusted: it must be a regular file whose header describes exactly its
 bytes, and only the arrays the JSON names are read (each once, at its offsets). Anything else
 is one ``ValueError`` line: "load: <path> is not a tensorgrad file: ..." or "... is corrupt: ...".
 
-Imports: contextlib, errno, json, math, numpy, os, pathlib, safetensors, secrets, stat,
-.devices, .tensor.
+Imports: argparse, contextlib, dataclasses, enum, errno, json, math, numpy, os, pathlib,
+safetensors, secrets, stat, types, .devices, .tensor.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
+import enum
 import errno
 import json
 import math
 import os
 import secrets
 import stat
+import types
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +54,7 @@ _DTYPES = {  # safetensors' names for the dtypes NumPy stores (little-endian on 
 }
 _STORED = {np.dtype(t) for t in _DTYPES.values()}
 _ITEMSIZE = {k: np.dtype(t).itemsize for k, t in _DTYPES.items()}
-_MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__")
+_MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__", "__object__")
 
 
 class _Refused(Exception):
@@ -86,6 +92,12 @@ def _encode(obj, arrays: dict, path: str, depth: int = 0):
                 for i, (k, v) in enumerate(obj.items())
             ]
         }
+    fields = _fields_of(obj)
+    if fields is not None:  # a dataclass, namedtuple, enum or plain-field object: as data
+        kind, values = fields
+        where = f"{path}." if path else ""
+        enc = {k: _encode(v, arrays, f"{where}{k}", d) for k, v in values.items()}
+        return {"__object__": {"class": class_name(type(obj)), "kind": kind, "fields": enc}}
     if isinstance(obj, (list, tuple)):
         items = [
             _encode(v, arrays, f"{path}.{i}" if path else str(i), d) for i, v in enumerate(obj)
@@ -104,9 +116,93 @@ def _encode(obj, arrays: dict, path: str, depth: int = 0):
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(
-        f"save: cannot store a {type(obj).__name__} (tensors, arrays, dicts, lists, "
-        "tuples, numbers, strings and None only; no pickle)"
+        f"save: cannot store a {type(obj).__name__} (tensors, arrays, dicts, lists, tuples, "
+        "numbers, strings, None, dataclasses, namedtuples, enums and plain-field objects only; "
+        "no pickle)"
     )
+
+
+# ----------------------------------------------------------------------------- objects as data
+# A checkpoint's config object (build-nanogpt saves its GPTConfig dataclass) is stored as its
+# class's name and its fields. load() gives back the fields as a plain dict, or the object
+# itself where its class was allowed (as torch.load(weights_only=True) with
+# torch.serialization.add_safe_globals): a class is found by its name among the allowed ones
+# only, never imported by a name read from the file.
+_SAFE: dict = {}  # class name -> class
+
+
+def class_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def add_safe_globals(classes) -> None:
+    """Allow load() to rebuild objects of these classes (dataclasses, namedtuples, enums,
+    plain-field classes) instead of giving their fields as dicts."""
+    for cls in classes:
+        if not isinstance(cls, type):
+            raise TypeError(f"add_safe_globals: {cls!r} is not a class")
+        _SAFE[class_name(cls)] = cls
+
+
+def get_safe_globals() -> list:
+    return list(_SAFE.values())
+
+
+def clear_safe_globals() -> None:
+    _SAFE.clear()
+
+
+@contextlib.contextmanager
+def safe_globals(classes):
+    """add_safe_globals for the block only (torch.serialization.safe_globals)."""
+    before = dict(_SAFE)
+    add_safe_globals(classes)
+    try:
+        yield
+    finally:
+        _SAFE.clear()
+        _SAFE.update(before)
+
+
+def _fields_of(obj):
+    """(kind, {field: value}) of an object stored as data, or None."""
+    if isinstance(obj, enum.Enum):
+        return "enum", {"value": obj.value}
+    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
+        return "namedtuple", dict(zip(type(obj)._fields, obj))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return "dataclass", {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (types.SimpleNamespace, argparse.Namespace)):
+        return "object", dict(vars(obj))
+    return None
+
+
+def _rebuild(spec: dict, fields: dict):
+    """The object itself where its class is allowed; else its fields as a dict (an enum: its
+    value)."""
+    kind, name = spec.get("kind"), spec.get("class")
+    if kind not in ("enum", "namedtuple", "dataclass", "object") or not isinstance(name, str):
+        raise _Refused("is corrupt: it holds an object entry without a kind and a class")
+    cls = _SAFE.get(name)
+    if kind == "enum":
+        return fields.get("value") if cls is None else cls(fields.get("value"))
+    if cls is None:
+        return fields
+    try:
+        if kind == "object":
+            obj = cls.__new__(cls)
+            vars(obj).update(fields)
+            return obj
+        if kind == "namedtuple":
+            return cls(**fields)
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        obj = cls(**{k: v for k, v in fields.items() if k in init})
+        for k, v in fields.items():
+            if k not in init:
+                object.__setattr__(obj, k, v)
+        return obj
+    except (TypeError, ValueError) as e:
+        raise _Refused(f"holds a {name} that its class does not take back: {e}") from None
 
 
 def save(obj, f) -> None:
@@ -353,6 +449,11 @@ def _decode(obj, take, device, depth: int = 0):
         if a.ndim:
             raise _Refused(f"is corrupt: the scalar {_short(v)} has shape {a.shape}")
         return a[()]
+    if kind == "__object__":
+        if not isinstance(v, dict) or not isinstance(v.get("fields"), dict):
+            raise _Refused(f"is corrupt: its {_KEY} holds an object entry without fields")
+        fields = {k: _decode(x, take, device, d) for k, x in v["fields"].items()}
+        return _rebuild(v, fields)
     if not isinstance(v, list):
         raise _Refused(f"is corrupt: its {_KEY} holds a {kind} that is not a list")
     if kind == "__tuple__":

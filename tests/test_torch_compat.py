@@ -9,6 +9,10 @@ gradient of each new op against float64 finite differences. The idiom table (iss
 short PyTorch snippets with PyTorch's result written down, and snippets PyTorch rejects.
 """
 
+import argparse
+import collections
+import dataclasses
+import enum
 import inspect
 import math
 import subprocess
@@ -666,6 +670,43 @@ def test_save_load_round_trip_without_pickle(tmp_path):
     assert isinstance(back["arr"], np.ndarray)
     with pytest.raises(TypeError, match="no pickle"):
         torch.save({"f": object()}, tmp_path / "bad")
+
+
+@dataclasses.dataclass
+class _SavedConfig:  # build-nanogpt's GPTConfig, as its checkpoint holds it
+    block_size: int = 1024
+    n_layer: int = 12
+    sizes: tuple = (1, 2)
+
+
+_SavedPair = collections.namedtuple("_SavedPair", ["loss", "weight"])
+
+
+class _SavedKind(enum.Enum):
+    CHAR = "char"
+
+
+def test_a_checkpoint_with_a_config_dataclass_saves_and_loads_without_pickle(tmp_path):
+    ckpt = {
+        "model": {"w": torch.ones(2)},
+        "config": _SavedConfig(n_layer=2),
+        "pair": _SavedPair(1.5, torch.zeros(3)),
+        "kind": _SavedKind.CHAR,
+        "args": argparse.Namespace(lr=0.1),
+        "step": 5,
+    }
+    torch.save(ckpt, tmp_path / "c.pt")
+    back = torch.load(tmp_path / "c.pt")  # (weights_only: the fields as plain data)
+    assert back["config"] == {"block_size": 1024, "n_layer": 2, "sizes": (1, 2)}
+    assert back["pair"]["loss"] == 1.5 and back["kind"] == "char" and back["args"] == {"lr": 0.1}
+    classes = [_SavedConfig, _SavedPair, _SavedKind, argparse.Namespace]
+    with torch.serialization.safe_globals(classes):
+        back = torch.load(tmp_path / "c.pt")
+    assert back["config"] == _SavedConfig(n_layer=2) and back["kind"] is _SavedKind.CHAR
+    assert isinstance(back["pair"], _SavedPair) and back["args"].lr == 0.1
+    assert torch.serialization.get_safe_globals() == []  # (only inside the block)
+    with pytest.raises(TypeError, match="cannot store a function"):
+        torch.save({"f": lambda: 0}, tmp_path / "bad")
 
 
 def test_version_license_and_configs():
