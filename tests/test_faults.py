@@ -29,7 +29,7 @@ from gpt import data as gdata
 from gpt import sample, train
 from gpt.store import run_checkpoint as rc
 from gpt.store.errors import CheckpointError
-from gpt.store.lock import LOCK_FILE
+from gpt.store.lock import LOCK_FILE, RunLock
 from gpt.train import loop as train_loop
 from gpt.train import setup as train_setup
 
@@ -126,6 +126,18 @@ def assert_untouched(d, before: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- 1. the lock
+def test_a_second_run_on_a_new_out_dir_is_told_another_run_holds_it(corpus, tmp_path, capsys):
+    """Two gpt-train started at once on one new --out-dir: the first has written
+    metrics.jsonl but no checkpoint yet; the second is told the directory is in use, not that
+    a file of the user's is in the way."""
+    out = tmp_path / "new"
+    with RunLock(out):  # the first run, holding the lock (this process: no race to wait for)
+        (out / "metrics.jsonl").write_text("")
+        code = train.main(["--data", str(corpus), "--out-dir", str(out), *TINY])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2 and "in use by another gpt-train" in line, line
+
+
 def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(corpus, tmp_path, capsys):
     out = tmp_path / "busy"
     proc = subprocess.Popen(

@@ -28,6 +28,35 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def in_use(directory) -> str | None:
+    """The message a second writer gets if another gpt-train holds ``directory`` now (a
+    probe: the lock is taken and given back at once), else None."""
+    path = Path(directory) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None  # no lock file (or none we may open): nobody to name
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _busy(path, _read_pid(fd))
+    except OSError:
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _busy(path: Path, holder) -> str:
+    who = f"PID {holder}" if holder else "another process"
+    return (
+        f"{path.parent} is in use by another gpt-train ({who} holds {path}); wait for it to "
+        "finish, stop it, or choose another --out-dir"
+    )
+
+
 class RunLock:
     """``with RunLock(dir) as lock``: lock.note is a message when a stale lock was taken over."""
 
@@ -44,12 +73,7 @@ class RunLock:
         except BlockingIOError:
             holder = _read_pid(fd)
             os.close(fd)
-            who = f"PID {holder}" if holder else "another process"
-            raise LockError(
-                f"{self.path.parent} is in use by another gpt-train ({who} holds "
-                f"{self.path}); wait for it to finish, stop it, or choose another "
-                "--out-dir"
-            ) from None
+            raise LockError(_busy(self.path, holder)) from None
         except OSError as e:  # e.g. a file system without locks
             os.close(fd)
             raise LockError(

@@ -27,6 +27,7 @@ from ..hub import resolve
 from ..model import GPT
 from ..store import run_checkpoint as rc
 from ..store.errors import CheckpointError
+from ..store.lock import in_use
 from ..tokenizer import load_tokenizer_dir, tokenizer_from_dict
 from .checks import check_fits, num_params_text
 from .config import DTYPES, TrainConfig, UsageError, model_overrides, run_name
@@ -113,6 +114,9 @@ def check_out_dir(out: Path, resumed: bool, overwrite: bool) -> None:
         if os.path.exists(out / n) and not os.path.isfile(out / n):
             raise UsageError(f"{out / n} is not a regular file: choose another --out-dir")
     if names and not resumed and not overwrite and not rc.has_checkpoint(out):
+        busy = in_use(out)  # another gpt-train writing its first steps there: say that
+        if busy:
+            raise UsageError(busy)
         raise UsageError(
             f"{out} holds {'/'.join(names)} but no gpt-train checkpoint: choose another "
             "--out-dir or pass --overwrite"
