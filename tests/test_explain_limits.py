@@ -116,3 +116,13 @@ def test_terminal_output_fits_100_columns_and_a_screenful_by_default(prompt, cap
     last = "  transformer.h.1.mlp.c_proj.bias"  # the last parameter of the tables
     assert sum(line.startswith(last) for line in full) == 2  # gradients and AdamW
     assert not any(line.startswith(last) for line in brief)
+
+
+def test_a_long_prompt_of_one_unspaced_word_says_why_it_is_one_token(capsys):
+    """8,000 characters of Chinese with no punctuation: the BPE learned from the prompt makes
+    its one word one token; the message says so and what to pass instead."""
+    prompt = "我们学习语言模型" * 1000
+    assert main(["--prompt", prompt]) == 2
+    err = capsys.readouterr().err
+    assert "one word of" in err and "--tokenizer char" in err, err
+    assert main(["--prompt", prompt, "--tokenizer", "char", "--max-tokens", "16"]) == 0

@@ -126,6 +126,14 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
         raise ValueError(f"max_tokens must be in 2..{TOKEN_LIMIT}, got {max_tokens}")
     text = cut_prompt(prompt, getattr(tokenizer, "kind", "bpe"))
     ids = [int(i) for i in tokenizer.encode(text)]
+    pieces = len(gpt2_split_pattern().findall(text))
+    if len(ids) < 2 and len(text) > 1 and pieces == 1 and getattr(tokenizer, "kind", "") != "char":
+        raise ValueError(
+            f"the prompt {prompt[:40]!r} is {len(ids)} token: it begins with one word of "
+            f"{len(text):,}+ characters with no space or punctuation (Chinese or Japanese text, "
+            "say), which a BPE learned from the prompt makes one token; pass --tokenizer char "
+            "(a token per character) or a prompt with shorter words"
+        )
     if len(ids) < 2:
         raise ValueError(
             f"the prompt {prompt[:40]!r} is {len(ids)} token(s); a training step "
