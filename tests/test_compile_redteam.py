@@ -1,8 +1,7 @@
 """Red-team cases for tensorgrad.compile: forwards a user could write whose compiled result
 must equal the eager one (outputs and every gradient, over several calls, with state changed
-after the second call), or run eagerly with a CompileWarning. Cases marked xfail are silent
-differences found by this review (each reason says what goes wrong); the others are attacks
-that compile handles and stay as regression tests.
+after the second call), or run eagerly with a CompileWarning. A review's attacks: each was
+either handled already or found a silent difference that is fixed now (its test says which).
 """
 
 from __future__ import annotations
@@ -193,12 +192,6 @@ class Plain(nn.Module):
         return self.lin(x) * self.scale
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an attribute written through the instance __dict__ (vars(m).update(...)) does "
-    "not move model_epoch, and a module attribute holding a plain value is checked only "
-    "when it moves",
-)
 def test_an_attribute_written_through_the_instance_dict():
     e, c = twins(Plain)
     x = tg.tensor(np.ones((3, 4), dtype=np.float32))  # (one batch, evaluated at each setting)
@@ -386,11 +379,6 @@ def cached_scale():
     return TABLE["scale"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the guards come from the second trace only: the cached helper ran (and read "
-    "TABLE) in the first trace, hit the cache in the second, so TABLE is not guarded",
-)
 def test_an_lru_cached_helper_cleared_after_a_change():
     # (the helper runs only in the first trace; the second hits the cache)
     def f(x):
@@ -415,11 +403,6 @@ def _with_default(x, opts=DEFAULTS):
     return x * opts["scale"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a mutable default argument (opts=DEFAULTS) is a local of the code that reads it, "
-    "not a global nor a cell: changed in place, replay keeps the traced value",
-)
 def test_a_mutable_default_argument_changed_in_place():
     try:
         compare(
@@ -434,11 +417,6 @@ def test_a_mutable_default_argument_changed_in_place():
 SCALE_VAR = contextvars.ContextVar("scale", default=1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a contextvars.ContextVar's value is not guarded (the ContextVar is a global "
-    "held by identity)",
-)
 def test_a_context_variable():
     def f(x):
         return x * SCALE_VAR.get()
@@ -538,11 +516,6 @@ class Scheduled(nn.Module):
         return self.lin(x) * next(self.schedule)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="next(self.schedule) advances an iterator in the forward: an effect nobody sees; "
-    "replay neither advances it nor reads the next value",
-)
 def test_a_schedule_read_with_next_from_an_iterator():
     e, c = twins(Scheduled)
     compare(e, c)
@@ -741,12 +714,6 @@ class TanhOut(nn.Module):
         return self.lin(x).tanh()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an output written in place by the caller before backward: eager raises (tanh "
-    "saved it); replay's ops saved raw arrays with no version check, and the gradient is "
-    "silently computed from the written values",
-)
 def test_an_output_written_in_place_before_backward_raises_as_in_eager():
     e, c = twins(TanhOut)
     for k in range(4):

@@ -253,16 +253,27 @@ def test_the_signature_limit_is_exact():
 # ----------------------------------------------------------------------------- constants
 
 
+class Dealer:
+    """Deals the next value at each call: state no guard can see (an object's attributes are
+    guarded, but this one's position lives in a C iterator), changed without an attribute set
+    (an iterator read in a forward runs it eagerly by itself: this is a callable)."""
+
+    def __init__(self, ks):
+        self._it = iter(list(ks))
+
+    def __call__(self):
+        return next(self._it)
+
+
 class ScalesByACounter(nn.Module):
-    """Multiplies by np.full(3, k) with k drawn from an iterator: Python state the guards do
-    not see, and that the forward changes without setting an attribute."""
+    """Multiplies by np.full(3, k) with k dealt at each call."""
 
     def __init__(self, ks):
         super().__init__()
-        self.lin, self.ks = nn.Linear(3, 3), iter(list(ks))
+        self.lin, self.ks = nn.Linear(3, 3), Dealer(ks)
 
     def forward(self, x):
-        return self.lin(x) * np.full(3, next(self.ks), np.float32)
+        return self.lin(x) * np.full(3, self.ks(), np.float32)
 
 
 @given(

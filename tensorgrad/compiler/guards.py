@@ -21,11 +21,12 @@ Two parts, as torch.compile's guards have them:
 Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
 library is not listed: what it reads is recorded as ops and kernels, or never changes.
 
-Imports: dataclasses, dis, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
+Imports: contextvars, dataclasses, dis, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import dis
 import gc
@@ -217,8 +218,8 @@ class StateGuards:
     def __init__(self):
         self.reason: str | None = None
         self.items: list = []  # [label, container, key, expected, copy-or-MISSING]
-        self.settled: list = []  # the items of module attributes held by identity: a change
-        # bumps model_epoch, so they are checked only when it moved
+        self.settled: list = []  # module attributes that were absent: checked when
+        # model_epoch moved
         self.epoch = model_epoch[0]
         self._seen: set = set()
 
@@ -232,7 +233,11 @@ class StateGuards:
         self._seen.add(ident)
         value = _read(container, key)
         item = [label, container, key, value, _copy(value)]
-        (self.settled if module and item[4] is MISSING else self.items).append(item)
+        # a module attribute that is absent (no instance forward, no shadowing attribute)
+        # can appear only through setattr, which bumps model_epoch: checked when it moved;
+        # a present one is checked every call (vars(m).update(...) bypasses setattr)
+        gated = module and value is MISSING
+        (self.settled if gated else self.items).append(item)
 
     def holds(self) -> bool:
         return self.changed() is None
@@ -263,6 +268,10 @@ class StateGuards:
 
 
 def _read(container, key):
+    if type(key) is tuple:  # ("attr", name): a function's __defaults__; ("ctx",): a ContextVar
+        if key[0] == "ctx":
+            return container.get(MISSING)
+        return getattr(container, key[1], MISSING)
     if key is TENSOR:  # a constant tensor: its memory, while it needs no gradient
         return container.array if not container.requires_grad else MISSING
     if key is None:  # a closure cell
@@ -326,65 +335,110 @@ def state_guards(tracer, root, fn) -> StateGuards:
     those names; and the constant tensors it read (a later requires_grad_() or .data)."""
     g = StateGuards()
     names: set = set()
-    for code, glob in tracer.codes.items():
-        spelled = [*code.co_names, *(c for c in code.co_consts if _identifier(c))]
-        names.update(spelled)  # (a string constant: getattr(self, "scale"))
-        where = glob.get("__name__", "?")
-        for name in code.co_names:
-            if name not in glob or name.startswith("__"):
-                continue
-            g.add(f"the global {where}.{name}", glob, name)
-            value = glob[name]
-            g.reason = g.reason or _foreign_random(value, name)
-            if isinstance(value, (types.ModuleType, type)) and "_parameters" not in vars(value):
-                attrs = vars(value)
-                for attr in code.co_names:
-                    if attr in attrs and not attr.startswith("__"):
-                        g.add(f"{name}.{attr}", attrs, attr, owner=value)
-                if value is np and "random" in code.co_names and _reads(code, "np", "random"):
-                    g.reason = g.reason or _foreign_random(np.random, f"{name}.random")
-        if code.co_freevars:
-            for f in _functions_of(code):
-                for name, cell in zip(code.co_freevars, f.__closure__ or ()):
-                    g.add(f"the closure variable {name} of {f.__qualname__}", cell, None)
-                    value = _read(cell, None)
-                    g.reason = g.reason or _foreign_random(value, name)
+    codes, more = dict(tracer.codes), {}
+    while codes:  # (more: the code of a cached helper the traces did not run: lru_cache)
+        code, glob = codes.popitem()
+        _code_guards(g, code, glob, names, more)
+        for c, gl in more.items():
+            if c not in tracer.codes:
+                codes.setdefault(c, gl)
+                tracer.codes[c] = gl
+        more.clear()
+    _closure_and_roots(g, tracer, root, fn, names)
+    return g
+
+
+def _code_guards(g: StateGuards, code, glob: dict, names: set, more: dict) -> None:
+    """The globals (and their attributes) and closure cells one code object can read."""
+    names.update(code.co_names)
+    names.update(c for c in code.co_consts if _identifier(c))  # (getattr(self, "scale"))
+    where = glob.get("__name__", "?")
+    for name in code.co_names:
+        if name not in glob or name.startswith("__"):
+            continue
+        g.add(f"the global {where}.{name}", glob, name)
+        value = glob[name]
+        _value_extras(g, value, name, more)
+        if isinstance(value, (types.ModuleType, type)) and "_parameters" not in vars(value):
+            attrs = vars(value)
+            for attr in code.co_names:
+                if attr in attrs and not attr.startswith("__"):
+                    g.add(f"{name}.{attr}", attrs, attr, owner=value)
+            if value is np and "random" in code.co_names and _reads(code, "np", "random"):
+                g.reason = g.reason or _foreign_random(np.random, f"{name}.random")
+    if code.co_freevars:
+        for f in _functions_of(code):
+            for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+                g.add(f"the closure variable {name} of {f.__qualname__}", cell, None)
+                _value_extras(g, _read(cell, None), name, more)
+
+
+def _value_extras(g: StateGuards, value, name: str, more: dict) -> None:
+    """What a value read by name brings with it: a function's mutable defaults, a cached
+    helper's own code (lru_cache: the traces may not have run it), a ContextVar's value; or
+    the reason it cannot be replayed at all (a foreign generator, an iterator)."""
+    g.reason = g.reason or _foreign_random(value, name) or _iterator(value, name)
+    wrapped = getattr(value, "__wrapped__", None)
+    if isinstance(wrapped, types.FunctionType) and hasattr(value, "cache_clear"):
+        more.setdefault(wrapped.__code__, wrapped.__globals__)
+        value = wrapped
+    if isinstance(value, types.FunctionType) and value.__defaults__:
+        if any(_copy(v) is not MISSING for v in value.__defaults__):
+            g.add(f"the defaults of {value.__qualname__}", value, ("attr", "__defaults__"))
+    if isinstance(value, contextvars.ContextVar):
+        g.add(f"the context variable {name}", value, ("ctx",))
+
+
+def _iterator(value, name: str) -> str | None:
+    """A reason to run eagerly when the forward reads an iterator (next(self.schedule)):
+    replay would neither advance it nor read its next value."""
+    if hasattr(type(value), "__next__") and not hasattr(value, "write"):  # (not a file)
+        return f"it reads {name}, an iterator (replay would not advance it)"
+    return None
+
+
+def _closure_and_roots(g: StateGuards, tracer, root, fn, names: set) -> None:
+    """The compiled function's closure, the constant tensors the trace read, and on every
+    module of the tree (and every module whose method ran) the attributes the code names."""
     fn = getattr(fn, "__func__", fn)  # a bound method's function
     code = getattr(fn, "__code__", None)
     for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", ()) or ()):
         g.add(f"the closure variable {name} of {fn.__qualname__}", cell, None)
+        _value_extras(g, _read(cell, None), name, {})
+    if isinstance(fn, types.FunctionType) and fn.__defaults__:
+        _value_extras(g, fn, fn.__qualname__, {})
     for t in tracer.constants:
         g.add(f"a constant tensor it read ({tuple(t.shape)})", t, TENSOR)
-    roots = [] if root is None else [root]
-    roots += [m for m in tracer.modules.values() if m is not root]
-    seen: set = set()
+    tree = [] if root is None else modules_of(root)
+    seen = {id(m) for m in tree}  # (the signature has their training flags)
+    outside = [m for top in tracer.modules.values() for m in modules_of(top) if id(m) not in seen]
     classes: dict = {}
-    for top in roots:
-        for m in modules_of(top):
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            d, cls = m.__dict__, type(m)
-            if m is not root:  # a module outside the compiled tree: its flag, and itself
-                g.add(f"{cls.__name__}.training", d, "training", module=True)
-            for name in d:
-                if name in names and name not in _MODULE_KEYS and not _registered(d, name):
-                    if m is root and name == "forward":
-                        continue  # compile's own
-                    g.add(f"{cls.__name__}.{name}", d, name, module=True)
-            if m is not root:  # (the root's forward is compile's own)
-                g.add(f"{cls.__name__}.forward (instance)", d, "forward", module=True)
-            classes.setdefault(cls, []).append(d)
+    extra: dict = {}  # modules outside the compiled tree, each once
+    for m in outside:
+        extra.setdefault(id(m), m)
+    for m in [*tree, *extra.values()]:
+        d, cls = m.__dict__, type(m)
+        if id(m) in extra:  # a module outside the compiled tree: its training flag too
+            g.add(f"{cls.__name__}.training", d, "training", module=True)
+        for name in d:
+            if name in names and name not in _MODULE_KEYS and not _registered(d, name):
+                if m is root and name == "forward":
+                    continue  # compile's own
+                g.add(f"{cls.__name__}.{name}", d, name, module=True)
+                g.reason = g.reason or _iterator(d[name], f"{cls.__name__}.{name}")
+        if m is not root:  # (the root's forward is compile's own)
+            g.add(f"{cls.__name__}.forward (instance)", d, "forward", module=True)
+        classes.setdefault(cls, []).append(d)
     for cls, dicts in classes.items():  # class attributes and methods read through self
         for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
             for klass in cls.__mro__[:-1]:  # (not object); super() reaches the later ones
                 if name in klass.__dict__:
-                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name, owner=klass)
                     value = klass.__dict__[name]
+                    g.add(f"{klass.__name__}.{name}", klass.__dict__, name, owner=klass)
+                    _value_extras(g, value, f"{klass.__name__}.{name}", {})
                     if not callable(value) and not isinstance(value, property):
                         for d in dicts:  # a later instance attribute would shadow it
                             g.add(f"{cls.__name__}.{name} (instance)", d, name, True)
-    return g
 
 
 def _reads(code, name: str, attr: str) -> bool:

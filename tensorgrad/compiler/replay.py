@@ -92,12 +92,17 @@ class Replay(tape.Op):
             for slot in frees[k]:
                 env[slot] = None  # no later step reads it (what backward needs, ops saved)
         self.graph, self.fns = graph, fns
+        self.out_slots = graph.output_slots()
+        outs = tuple(env[s] for s in self.out_slots)
         if record:
-            self.save(*arrays)  # in-place changes to an input before backward are caught
+            # in-place changes before backward are caught, as eagerly: to an input, and to an
+            # output that an op inside saved for its backward (tanh's y, say)
+            kept = {id(a) for fn in fns for a in fn.__dict__.get("saved", ())}
+            ins = {id(a) for a in arrays}
+            self.save(*arrays, *(o for o in outs if id(o) in kept and id(o) not in ins))
             if graph.random:
                 self.rng_after = devices.generators.cpu.bit_generator.state
-        self.out_slots = graph.output_slots()
-        return tuple(env[s] for s in self.out_slots)
+        return outs
 
     def backward(self, *gys):
         if any(tape.is_tensor(g) for g in gys):
@@ -141,7 +146,8 @@ class Replay(tape.Op):
     def _differentiable_backward(self, gys):
         """Under create_graph: the steps again, eagerly, on the saved inputs (tensors linked
         to the graph), and that graph's gradients, themselves recorded."""
-        graph, live = self.graph, self.saved
+        graph = self.graph
+        live = self.saved[: len(graph.used)]  # (the inputs; the outputs it saved follow)
         with tape.enable_grad():
             env = [None] * len(graph.needs_grad)
             for slot, t in zip(graph.used, live):
