@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from .hf_format import save_pretrained
+from .store import model_code
 from .store.errors import CheckpointError
 from .store.owned_dir import check, check_target
 from .store.run_checkpoint import WHICH, load_model
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model, tok, ckpt, d = load_model(a.out_dir, which=a.which)
-        files = save_pretrained(model, a.to, tok, strict=True)
+        # the record of the code that trained the run goes along (not this process's code)
+        files = save_pretrained(model, a.to, tok, strict=True, code=ckpt.get(model_code.KEY))
     except (CheckpointError, OSError, ValueError) as e:
         print(f"gpt-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ import numpy as np
 
 from tensorgrad import to_numpy
 
+from .store import model_code
 from .store.checkpoint import atomic_write_bytes, atomic_write_json
 from .store.owned_dir import write_dir
 from .store.validate import expected_shapes
@@ -35,9 +36,11 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
 
 
-def hf_config_dict(config, eos_token_id: int | None = None) -> dict:
-    """config.json for a GPTConfig, with GPT-2's keys (n_ctx too, for older readers)."""
+def hf_config_dict(config, eos_token_id: int | None = None, code: dict | None = None) -> dict:
+    """config.json for a GPTConfig, with GPT-2's keys (n_ctx too, for older readers), and
+    ``code``, the record of the model's code (gpt.store.model_code), when given."""
     c = config
+    extra = {} if code is None else {model_code.HF_KEY: code}  # transformers keeps, ignores it
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -62,6 +65,7 @@ def hf_config_dict(config, eos_token_id: int | None = None) -> dict:
         "eos_token_id": eos_token_id,
         "use_cache": True,
         "dtype": "float32",
+        **extra,
     }
 
 
@@ -78,9 +82,16 @@ def hf_arrays(model) -> dict[str, np.ndarray]:
     return out
 
 
-def save_pretrained(model, directory, tokenizer=None, strict: bool = False) -> list[str]:
+def save_pretrained(
+    model, directory, tokenizer=None, strict: bool = False, code: dict | None | str = "model"
+) -> list[str]:
     """Write model (and tokenizer, when given) as the directory ``directory``; returns the file
     names written (the manifest last).
+
+    code: the record of the code that trained the weights, kept in config.json so that
+    GPT.from_pretrained can say when it loads them into other code: "model" (default) the
+    model's own code, as it runs now; gpt-export passes its checkpoint's record (None for a
+    checkpoint written before records were kept: none is written).
 
     The tokenizer must not have more ids than the model's vocabulary; its <|endoftext|> id
     becomes bos_token_id and eos_token_id. A new or empty directory, or one gpt wrote, is
@@ -90,6 +101,8 @@ def save_pretrained(model, directory, tokenizer=None, strict: bool = False) -> l
     refused rather than deleted. strict (gpt-export) refuses such a directory.
     """
     c = model.config
+    if code == "model":
+        code = model_code.model_code(model)
     eos, stale = None, ()
     if tokenizer is not None:
         if tokenizer.vocab_size > c.vocab_size:
@@ -109,7 +122,7 @@ def save_pretrained(model, directory, tokenizer=None, strict: bool = False) -> l
         written = ["model.safetensors"]
         if tokenizer is not None:
             written += save_tokenizer(tokenizer, d, c.block_size)
-        atomic_write_json(d / "config.json", hf_config_dict(c, eos))  # it makes d a model
+        atomic_write_json(d / "config.json", hf_config_dict(c, eos, code))  # makes d a model
         return [*written, "config.json"]
 
     return write_dir(directory, fill, strict=strict, stale=stale, last="config.json")

@@ -8,6 +8,7 @@ arrays.py    small helpers: host copies, norms, the 2-D slice of a stage the pag
 checks.py    the evidence: float64 finite differences, the embedding's gradient split
 lens.py      inside the prediction: the logit lens and per-head ablation
 steps.py     Session and follow_steps: many steps on one prompt, chosen weights followed
+run.py       the AdamW step taken: a run's next one (settings, moments, lr, clipping) or assumed
 render/      text.py (terminal), html.py (one page), steps.py (--steps), plots.py (PNG);
              fmt.py and svg.py hold what they share
 serve/       gpt-explain --serve: server.py and the page it serves (page.html)

@@ -22,8 +22,9 @@ from ..config import PRESETS, GPTConfig
 from ..hub import resolve
 from ..model import GPT
 from ..store.errors import CheckpointError
-from ..store.run_checkpoint import load_model
+from ..store.run_checkpoint import load_model_and_optimizer
 from ..tokenizer import load_tokenizer_dir
+from . import run
 from .render.html import render_html
 from .render.plots import save_steps_png
 from .render.steps import render_steps_html, render_steps_text
@@ -43,16 +44,20 @@ from .steps import follow_steps
 
 
 def load(args):
-    """(model, tokenizer, description) from --out-dir, --init-from, or a fresh preset model."""
+    """(model, tokenizer, description, step settings) from --out-dir, --init-from, or a fresh
+    preset model; the settings are the run's next AdamW step, or an assumed one (run.py)."""
+    given = dict(lr=args.lr, weight_decay=args.weight_decay)  # None unless given
     if args.out_dir:
-        model, tok, _, d = load_model(args.out_dir, which=args.which)
-        return model, tok, f"trained run {d}"
+        model, tok, ckpt, d, state = load_model_and_optimizer(args.out_dir, which=args.which)
+        where = "the checkpoint" if d == Path(args.out_dir) else "best/"
+        return model, tok, f"trained run {d}", run.from_run(ckpt, state, where, **given)
     if args.init_from:
         src = resolve(args.init_from)  # a hub name is fetched into the hub cache
         return (
             GPT.from_pretrained(src),
             load_tokenizer_dir(src),
             f"GPT-2 checkpoint {args.init_from}",
+            run.assumed("a GPT-2 checkpoint carries no optimizer", **given),
         )
     tok = prompt_tokenizer(args.prompt, args.tokenizer)
     # the prompt is cut to max_tokens
@@ -62,7 +67,12 @@ def load(args):
         args.preset, vocab_size=tok.vocab_size, block_size=max(base.block_size, n - 1)
     )
     tg.manual_seed(args.seed)
-    return GPT(cfg), tok, f"fresh '{args.preset}' GPT, {args.tokenizer} tokenizer from the prompt"
+    return (
+        GPT(cfg),
+        tok,
+        f"fresh '{args.preset}' GPT, {args.tokenizer} tokenizer from the prompt",
+        run.assumed("a fresh model has no run", **given),
+    )
 
 
 def _ints(s: str) -> list[int]:
@@ -184,8 +194,19 @@ def parser() -> argparse.ArgumentParser:
 
 def _add_training_args(ap) -> None:
     """The step's hyperparameters, --steps and --serve."""
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="the step's learning rate (default: with --out-dir the run's at its iteration, "
+        "else 1e-3)",
+    )
+    ap.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="AdamW's weight decay on the matrices (default: with --out-dir the run's, else 0.1)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--steps",
@@ -283,7 +304,7 @@ def _write(args, text: str) -> None:
 
 def _run(args) -> int:
     try:
-        model, tok, source = load(args)
+        model, tok, source, settings = load(args)
     except (CheckpointError, ValueError, OSError, RuntimeError, KeyError) as e:
         print(f"gpt-explain: could not load the model: {e}", file=sys.stderr)
         return 1
@@ -293,8 +314,7 @@ def _run(args) -> int:
     session = dict(  # what the served page and --steps both follow
         layer=args.layer,
         head=head,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
+        settings=settings,
         seed=args.seed,
         max_tokens=args.max_tokens,
         follow=follow,
@@ -330,15 +350,16 @@ def _run(args) -> int:
         layer=args.layer,
         heads=args.heads,
         position=args.position,
-        lr=args.lr,
         seed=args.seed,
         element=args.element,
-        weight_decay=args.weight_decay,
         max_tokens=args.max_tokens,
         checks=args.checks,
         follow=follow,
+        optimizer=settings.optimizer(model),  # the run's next step, or the assumed one
+        grad_clip=settings.grad_clip,
     )
     report["source"] = source
+    report["optimizer"] = settings.report(model)
     if args.format == "json":
         text = json.dumps(report, indent=1, allow_nan=False) + "\n"
     elif args.format == "html":

@@ -1,6 +1,8 @@
 """gpt-explain across steps: a model trained on one prompt, chosen weights followed step by step.
 
-``Session`` holds a model, its tokenizer, a prompt and one AdamW optimizer kept across steps;
+``Session`` holds a model, its tokenizer, a prompt and one AdamW optimizer kept across steps
+(a run's own, with its moments and its learning-rate schedule going on step by step, or an
+assumed one: gpt.explain.run);
 ``Session.step()`` runs one explained training step (``gpt.explain.report.explain`` with that
 optimizer, so Adam's moments carry over) and appends to the session's history the loss, and
 for every followed weight its value, gradient, moments m and v, and update. The served page
@@ -20,6 +22,7 @@ import numpy as np
 import tensorgrad as tg
 from tensorgrad import device_of, to_device
 
+from . import run
 from .arrays import host
 from .report import MAX_TOKENS, explain, prompt_ids
 
@@ -38,18 +41,24 @@ class Session:
         layer: int = 0,
         head: int = 0,
         position: int | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
+        lr: float | None = None,
+        weight_decay: float | None = None,
         seed: int = 0,
         max_tokens: int = MAX_TOKENS,
         follow=None,
         checks: int = 2,
+        settings: run.StepSettings | None = None,
     ):
         self.model, self.tokenizer, self.prompt = model, tokenizer, prompt
         self.layer, self.head, self.position = layer, head, position
         self.seed, self.max_tokens, self.checks, self.follow = seed, max_tokens, checks, follow
-        self.lr, self.weight_decay = lr, weight_decay
-        self.opt = model.configure_optimizers(weight_decay, lr, (0.9, 0.95))
+        if settings is None:  # no run: the assumed step (run.py), with lr and decay if given
+            settings = run.StepSettings(why="a fresh model has no run")
+            settings.lr = settings.lr if lr is None else lr
+            settings.weight_decay = settings.weight_decay if weight_decay is None else weight_decay
+        self.settings = settings
+        self.lr, self.weight_decay = settings.lr_at(0), settings.weight_decay
+        self.opt = settings.optimizer(model)  # the run's AdamW and moments, or fresh ones
         self.history, self.snapshots, self.report = [], [], None
 
     def step(
@@ -67,6 +76,9 @@ class Session:
         layer = self.layer if layer is None else int(layer)
         head = self.head if head is None else int(head)
         position = self.position if position is None else int(position)
+        lr = self.settings.lr_at(len(self.history))  # a run's schedule goes on step by step
+        for g in self.opt.param_groups:
+            g["lr"] = lr
         r = explain(
             self.model,
             self.tokenizer,
@@ -80,6 +92,7 @@ class Session:
             lens=lens,
             optimizer=self.opt,
             follow=self.follow,
+            grad_clip=self.settings.grad_clip,
         )
         # kept only once the step ran: a refused setting leaves the session as it was
         self.prompt, self.layer, self.head, self.position = prompt, layer, head, position
@@ -90,6 +103,7 @@ class Session:
         self.history.append(
             {
                 "step": n,
+                "lr": lr,
                 "loss": r["loss"]["value"],
                 "loss_after": lc.get("loss_after"),
                 "predicted_change": lc.get("predicted"),
@@ -143,6 +157,7 @@ class Session:
             "head": self.head,
             "lr": self.lr,
             "weight_decay": self.weight_decay,
+            "optimizer": self.settings.report(self.model),
             "config": c.to_dict(),
             "followed": followed,
             "steps": self.history,
@@ -157,12 +172,13 @@ def follow_steps(
     steps: int,
     layer: int = 0,
     head: int = 0,
-    lr: float = 1e-3,
-    weight_decay: float = 0.1,
+    lr: float | None = None,
+    weight_decay: float | None = None,
     seed: int = 0,
     max_tokens: int = MAX_TOKENS,
     follow=None,
     snapshots: int = SNAPSHOTS,
+    settings: run.StepSettings | None = None,
 ) -> dict:
     """``steps`` training steps on ``prompt``; the trace, with the loss after the last step."""
     if not 1 <= steps <= STEPS_LIMIT:
@@ -179,6 +195,7 @@ def follow_steps(
         max_tokens=max_tokens,
         follow=follow,
         checks=0,
+        settings=settings,
     )
     at = {round(x) for x in np.linspace(1, steps, min(steps, snapshots))}
     for k in range(1, steps + 1):

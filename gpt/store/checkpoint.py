@@ -22,6 +22,7 @@ import numpy as np
 from tensorgrad import to_numpy
 
 from ..config import GPTConfig
+from . import model_code
 from .errors import CheckpointError
 from .validate import (
     check_memory,
@@ -354,4 +355,7 @@ def load_hf_gpt2(cls, path: Path):
         model.load_state_dict(state)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{st} does not fit a GPT-2 of {config}: {e}") from None
+    # an export of a gpt-train run records the code that trained it: other code says so
+    recorded = read_json(Path(path) / "config.json", 1 << 20).get(model_code.HF_KEY)
+    model_code.say_code_change(recorded, model, f"the model in {path}")
     return model

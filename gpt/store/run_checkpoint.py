@@ -30,6 +30,7 @@ import numpy as np
 
 import tensorgrad as tg
 
+from . import model_code
 from . import validate as v
 from .checkpoint import atomic_write_json, load_arrays, read_json, save_arrays
 from .errors import CheckpointError
@@ -239,6 +240,14 @@ def check_ckpt(ckpt: dict, where: str) -> None:
     )
     if optim is not None:
         _check_optim(optim, f"{where} optim")
+    need(
+        ckpt,
+        model_code.KEY,
+        where,
+        model_code.valid,
+        'an object with the model\'s "class" and code "digest"',
+        optional=True,
+    )
 
 
 def _check_optim(optim: dict, where: str) -> None:
@@ -299,14 +308,23 @@ def load(
     files, sha = ckpt["files"], ckpt.get("sha256") or {}
     want = v.expected_shapes(config)
     model = load_arrays(d / files["model"], want, sha.get("model"))
-    optim = None
-    if with_optimizer and ckpt.get("optim") is not None:
-        if "optim" not in files:
-            raise CheckpointError(f"{where}: files lacks the optim entry its optim state needs")
-        path = v.plain_file(d, files["optim"], f"{where} files.optim")
-        _check_moments(path, ckpt, want)
-        optim = optimizer_state(load_arrays(path, None, sha.get("optim")), ckpt["optim"])
+    optim = load_optimizer(d, ckpt) if with_optimizer else None
     return ckpt, model, optim
+
+
+def load_optimizer(directory, ckpt: dict) -> dict | None:
+    """The AdamW state dict of the checkpoint ``ckpt`` (as read_ckpt returned it) in
+    ``directory``, validated as ``load`` does; None when it holds none (best/ keeps none)."""
+    d = Path(directory)
+    if ckpt.get("optim") is None:
+        return None
+    where = str(d / CKPT_JSON)
+    files, sha = ckpt["files"], ckpt.get("sha256") or {}
+    if "optim" not in files:
+        raise CheckpointError(f"{where}: files lacks the optim entry its optim state needs")
+    path = v.plain_file(d, files["optim"], f"{where} files.optim")
+    _check_moments(path, ckpt, v.expected_shapes(v.model_config(ckpt["model_config"], where)))
+    return optimizer_state(load_arrays(path, None, sha.get("optim")), ckpt["optim"])
 
 
 def _check_moments(path: Path, ckpt: dict, want: dict) -> None:
@@ -344,8 +362,17 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
     """(GPT in eval mode, tokenizer, ckpt dict, directory used) from a gpt-train run.
 
     which='best' falls back to the latest checkpoint when the run has no best/ yet (it was
-    stopped before its first evaluation).
+    stopped before its first evaluation). When the model's code is not the code the
+    checkpoint records (gpt.store.model_code), one line on stderr says so.
     """
+    return load_model_and_optimizer(out_dir, which, device, optimizer=False)[:4]
+
+
+def load_model_and_optimizer(out_dir, which: str = "best", device: str = "cpu", optimizer=True):
+    """load_model's (model, tokenizer, ckpt, directory) and the AdamW state dict that goes
+    with those weights, or None: the checkpoint's own, or for best/ (which keeps none) the
+    latest checkpoint's when that one holds the very same weights (same iteration and sha256);
+    an older best/ has none to be had."""
     from ..model import GPT
 
     d = checkpoint_dir(out_dir, which)
@@ -355,24 +382,47 @@ def load_model(out_dir, which: str = "best", device: str = "cpu"):
         raise CheckpointError(
             f"no checkpoint in {out_dir}: train one with gpt-train --out-dir {out_dir}"
         )
-    ckpt, config, tok, arrays = read_while_rotating(d, _read_for_model)
+    ckpt, config, tok, arrays, state = read_while_rotating(
+        d, lambda d: _read_for_model(d, optimizer)
+    )
+    if optimizer and state is None and d != Path(out_dir):
+        state = _same_weights_optimizer(Path(out_dir), ckpt)
     model = GPT(config)
     try:
         model.load_state_dict({k: np.asarray(a) for k, a in arrays.items()})
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{d} weights do not fit the model config: {e}") from None
+    model_code.say_code_change(ckpt.get(model_code.KEY), model, f"the checkpoint in {d}")
     model.to(device)
     model.eval()
-    return model, tok, ckpt, d
+    return model, tok, ckpt, d, state
 
 
-def _read_for_model(d: Path):
-    """(ckpt, model config, tokenizer, weights) of one ckpt.json and the files it names."""
+def _read_for_model(d: Path, optimizer: bool = False):
+    """(ckpt, model config, tokenizer, weights, AdamW state or None) of one ckpt.json and
+    the files it names."""
     ckpt = read_ckpt(d)
     config = v.model_config(ckpt["model_config"], str(d / CKPT_JSON))
     tok = checked_tokenizer(ckpt, config, str(d / CKPT_JSON))  # before the weights are read
-    _, arrays, _ = load(d, with_optimizer=False, ckpt=ckpt)
-    return ckpt, config, tok, arrays
+    _, arrays, state = load(d, with_optimizer=optimizer, ckpt=ckpt)
+    return ckpt, config, tok, arrays, state
+
+
+def _same_weights_optimizer(latest: Path, ckpt: dict) -> dict | None:
+    """The latest checkpoint's AdamW state when it holds the weights of ``ckpt`` (a best/
+    one): the same iteration and model sha256; else None."""
+
+    def read(d: Path):
+        c = read_ckpt(d)
+        sha, own = (c.get("sha256") or {}).get("model"), (ckpt.get("sha256") or {}).get("model")
+        if c["iter"] != ckpt["iter"] or sha is None or sha != own:
+            return None
+        return load_optimizer(d, c)
+
+    try:
+        return read_while_rotating(latest, read)
+    except CheckpointError:
+        return None
 
 
 ROTATIONS = 8  # how many times a reader starts over because a run saved under it

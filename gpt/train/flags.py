@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         "is reused (flags may change e.g. --max-iters, not the model or data)",
     )
     g.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="with --resume: continue even though the model's code (gpt/model.py and the "
+        "layers it uses) is not the code that trained the checkpoint, whose digest it "
+        "records; without it such a resume is refused",
+    )
+    g.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh even though --out-dir holds a checkpoint (deletes it)",
@@ -100,7 +107,7 @@ def read_config_file(path: str) -> dict:
 def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, dict]:
     """(config, checkpoint dict when resuming, run-control flags)."""
     args = vars(build_parser().parse_args(argv))
-    control = {k: args.pop(k, False) for k in ("resume", "overwrite")}
+    control = {k: args.pop(k, False) for k in ("resume", "overwrite", "allow_code_change")}
     config_file = args.pop("config", None)
     layers = [read_config_file(config_file)] if config_file else []
     layers.append(args)

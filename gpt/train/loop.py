@@ -14,7 +14,7 @@ import time
 
 from tensorgrad import to_device
 
-from ..optim import clip_grad_norm_, cosine_lr
+from ..optim import clip_grad_norm_, run_lr
 from .evaluate import evaluate
 from .guards import Guard
 from .progress import Diagnose, Progress
@@ -28,7 +28,6 @@ def train(r: TrainRun, stop, progress: Progress) -> None:
     params = r.params
     guard = Guard(c.divergence_factor, r.model_config.vocab_size, r.metrics)
     diagnose = Diagnose(r, progress, start=s.iter)
-    lr_decay_iters = c.lr_decay_iters or c.max_iters
     n_tokens = tokens_per_iter(r)  # tokens in one optimizer step, over all ranks
     while not r.ddp.agree_stop(stop):
         # every eval_interval steps (and at the end): evaluate, then save a checkpoint
@@ -40,8 +39,8 @@ def train(r: TrainRun, stop, progress: Progress) -> None:
             break
         t0 = time.time()
 
-        # the learning rate for this iteration: linear warmup, then cosine decay
-        lr = cosine_lr(s.iter, c.warmup_iters, lr_decay_iters, c.lr, c.min_lr)
+        # the learning rate for this iteration: linear warmup, then cosine decay (gpt/optim.py)
+        lr = run_lr(c, s.iter)
         for group in optimizer.param_groups:
             group["lr"] = lr
 

@@ -25,6 +25,8 @@ from ..data import (
 )
 from ..hub import resolve
 from ..model import GPT
+from ..optim import load_run_optimizer, run_optimizer
+from ..store import model_code
 from ..store import run_checkpoint as rc
 from ..store.errors import CheckpointError
 from ..store.lock import in_use
@@ -51,6 +53,7 @@ class TrainRun:
     samplers: dict
     state: RunState
     metrics: object = None
+    code: dict | None = None  # the model's code (gpt.store.model_code), saved in checkpoints
 
     @property
     def params(self) -> list:
@@ -182,16 +185,33 @@ def _restore(r: TrainRun) -> None:
         raise CheckpointError(f"the checkpoint in {r.out} has no optimizer state to resume")
     try:
         r.model.load_state_dict(arrays)
-        r.optimizer.load_state_dict(optim_state)
+        load_run_optimizer(r.optimizer, r.c, optim_state)  # betas, decay: the flags'
         for name, s in r.samplers.items():
             s.load_state_dict(ckpt["samplers"][name])
         tg.set_rng_state(ckpt["rng"])
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"the checkpoint in {r.out} does not fit this run ({e})") from None
-    c = r.c
-    for g, wd in zip(r.optimizer.param_groups, (c.weight_decay, 0.0)):  # flags may change
-        g["betas"], g["weight_decay"] = (c.beta1, c.beta2), wd  # these on resume
     r.state = RunState.from_checkpoint(ckpt)
+
+
+def check_code(ckpt: dict, code: dict | None, out: Path, allow: bool) -> None:
+    """--resume into model code other than the checkpoint's (gpt.store.model_code) is refused
+    unless --allow-code-change; allowed, one line says so. A checkpoint without a record
+    (written before it was kept) resumes quietly."""
+    change = model_code.compare(ckpt.get(model_code.KEY), code)
+    if change is None:
+        return
+    if not allow:
+        raise UsageError(
+            f"--resume: the model's code is not the code that trained the checkpoint in {out} "
+            f"({change}); the resumed run would be another run. Restore that code, or add "
+            "--allow-code-change to resume with this one"
+        )
+    print(
+        f"gpt-train: note: resuming {out} with other model code than the checkpoint's "
+        f"({change}), as --allow-code-change asks",
+        file=sys.stderr,
+    )
 
 
 def setup(c: TrainConfig, ckpt: dict | None, control: dict, ddp) -> TrainRun | None:
@@ -208,11 +228,14 @@ def setup(c: TrainConfig, ckpt: dict | None, control: dict, ddp) -> TrainRun | N
     tg.manual_seed(c.seed)
     data_dir, meta, tok = _data(c, ckpt, ddp)
     model = _model(c, ckpt, tok, meta)
+    code = model_code.model_code(model)  # the code that runs (before tg.compile wraps it)
+    if ckpt is not None:
+        check_code(ckpt, code, out, control.get("allow_code_change", False))
     model.to(c.device)
     if c.compile:
         tg.compile(model)  # traced at the first steps, replayed after (progress says what)
     set_matmul_precision(DTYPES[c.dtype])
-    optimizer = model.configure_optimizers(c.weight_decay, c.lr, (c.beta1, c.beta2))
+    optimizer = run_optimizer(model, c)
     T = model.config.block_size
     samplers = {
         "train": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed),
@@ -220,7 +243,7 @@ def setup(c: TrainConfig, ckpt: dict | None, control: dict, ddp) -> TrainRun | N
         "train_eval": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed + 2),
     }
     r = TrainRun(c, ddp, out, data_dir, meta, tok, model.config, model, optimizer, samplers,
-                 RunState())  # fmt: skip
+                 RunState(), code=code)  # fmt: skip
     if ckpt is not None:
         _restore(r)
         s = r.state

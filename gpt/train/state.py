@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import tensorgrad as tg
 
+from ..store import model_code
 from ..store import run_checkpoint as rc
 
 
@@ -74,6 +75,8 @@ def save_checkpoint(r, best: bool = False) -> None:
         "data": {"dir": str(r.data_dir), "source_hash": r.meta["source_hash"]},
         "tokenizer": r.tok.to_dict(),
     }
+    if r.code is not None:  # the model's code (gpt.store.model_code)
+        state[model_code.KEY] = r.code
     state = r.ddp.checkpoint_state(state, r.model)  # every rank's RNG (all ranks call this)
     if r.ddp.is_main:
         rc.save(r.out, state, r.model, r.optimizer)

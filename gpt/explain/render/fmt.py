@@ -84,9 +84,15 @@ def element_lines(e):
                 f"(new value {e['new_weight']:.10f})"
             )
         ]
+    out.append(f"  w                         = {e['weight']:+.10f}")
+    if e.get("clip_scale", 1.0) < 1.0:  # gpt-train's clipping: every gradient times one c
+        out += [
+            f"  ∂L/∂w                     = {e['tape_grad']:+.6e}",
+            f"  g = c·∂L/∂w               = {e['grad']:+.6e}   (clipped: c = {e['clip_scale']:.6g})",
+        ]
+    else:
+        out.append(f"  g = ∂L/∂w                 = {e['grad']:+.6e}")
     out += [
-        f"  w                         = {e['weight']:+.10f}",
-        f"  g = ∂L/∂w                 = {e['grad']:+.6e}",
         (
             f"  lr = {e['lr']:g}, β1 = {e['beta1']:g}, β2 = {e['beta2']:g}, ε = {e['eps']:g}, "
             f"weight decay λ = {e['weight_decay']:g}, step t = {e['step']}"
@@ -103,7 +109,16 @@ def element_lines(e):
             f"  new w = w·(1-lr·λ) - lr·m̂/(√v̂+ε) = {e['formula_new']:+.10f}   "
             f"(the optimizer wrote {e['new_weight']:+.10f})"
         ),
-        f"  plain SGD, w - lr·g, would give {e['sgd_new']:+.10f}: Adam's first step moves every",
-        "  weight by about lr whatever the size of its gradient (m̂/√v̂ = sign(g) at t = 1)",
     ]
+    if e["step"] == 1:
+        out += [
+            f"  plain SGD, w - lr·g, would give {e['sgd_new']:+.10f}: Adam's first step moves "
+            "every",
+            "  weight by about lr whatever the size of its gradient (m̂/√v̂ = sign(g) at t = 1)",
+        ]
+    else:
+        out.append(
+            f"  plain SGD, w - lr·g, would give {e['sgd_new']:+.10f}: Adam divides by the "
+            "running size √v̂"
+        )
     return out

@@ -33,6 +33,8 @@ def render_html(r: dict) -> str:
             f"{r['seed']}. B=1, T={T}, C={d['C']}, nh={d['nh']}, hs={d['hs']}, V={d['V']}.</p>"
         ),
     ]
+    if "optimizer" in r:
+        p.append(f'<p class="meta">optimizer: {escape(r["optimizer"]["line"])}</p>')
     p += [f'<p class="note">{escape(n)}</p>' for n in r["notes"]]
     if r["no_gradient"]:
         p.append(

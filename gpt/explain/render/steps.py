@@ -16,6 +16,8 @@ def render_steps_text(t: dict, plot_note: str | None = None) -> str:
             f"weight decay {t['weight_decay']:g}; block {t['layer']}, head {t['head']}"
         )
     ]
+    if "optimizer" in t:
+        out.append(f"optimizer: {t['optimizer']['line']}")
     out += [f"note: {n}" for n in t.get("notes", [])]
     out += ["", "== loss (before each step's update) " + "=" * 36, "  step       loss     change"]
     prev = None
@@ -70,6 +72,8 @@ def render_steps_html(t: dict) -> str:
         )
         + f" of block {t['layer']}.</p>",
     ]
+    if "optimizer" in t:
+        p.append(f'<p class="meta">optimizer: {escape(t["optimizer"]["line"])}</p>')
     p += [f'<p class="note">{escape(n)}</p>' for n in t.get("notes", [])]
     p.append('<h2>Loss and followed weights</h2><div class="thumbs">')
     p.append(line_chart(xs, {"loss": [s["loss"] for s in steps]}, "loss (before each update)"))

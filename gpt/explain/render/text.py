@@ -48,6 +48,8 @@ def render_text(r: dict, full: bool = True) -> str:
     ]
     if "source" in r:
         out.insert(1, f"source: {r['source']}")
+    if "optimizer" in r:  # the step's AdamW: the run's next step, or what was assumed
+        out.insert(2 if "source" in r else 1, f"optimizer: {r['optimizer']['line']}")
     out += [f"note: {n}" for n in r["notes"]]
     out += [
         "",
@@ -198,6 +200,12 @@ def _adamw_text(r, n):
             f"weight decay {a['weight_decay']:g} on matrices ==="
         ),
     ]
+    if a.get("grad_clip"):
+        c = a["clip_scale"]
+        out.append(
+            f"  gradient norm {a['grad_norm']:.6g}, clipped to {a['grad_clip']:g}: "
+            + (f"every gradient times c = {c:.6g}" if c < 1 else "within it, unchanged")
+        )
     width = max(len(p["name"]) for p in a["params"])
     out.append(f"  {'parameter':<{width}} {'‖Δw‖':>10} {'‖Δw‖/‖w‖':>10}")
     rows = []

@@ -23,8 +23,7 @@ class Restart:
             layer=s.layer,
             head=s.head,
             position=s.position,
-            lr=s.lr,
-            weight_decay=s.weight_decay,
+            settings=s.settings,  # a fresh optimizer: the run's moments again, or none
             seed=s.seed,
             max_tokens=s.max_tokens,
             follow=s.follow,
