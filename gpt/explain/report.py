@@ -47,6 +47,7 @@ from tensorgrad import device_of, to_device
 
 from ..diagnostics import OK, grad_status
 from ..model import GPT
+from ..optim import clip_grad_norm_
 from ..tokenizer import BPETokenizer, CharTokenizer, gpt2_split_pattern
 from .arrays import host, norm, num, rms, tensor_slice
 from .checks import (
@@ -127,7 +128,8 @@ def prompt_ids(tokenizer, prompt: str, block_size: int, max_tokens: int = MAX_TO
     text = cut_prompt(prompt, getattr(tokenizer, "kind", "bpe"))
     ids = [int(i) for i in tokenizer.encode(text)]
     pieces = len(gpt2_split_pattern().findall(text))
-    if len(ids) < 2 and len(text) > 1 and pieces == 1 and getattr(tokenizer, "kind", "") != "char":
+    long_word = pieces == 1 and len(text) >= 16  # (Chinese text: no spaces, one "word")
+    if len(ids) < 2 and long_word and getattr(tokenizer, "kind", "") != "char":
         raise ValueError(
             f"the prompt {prompt[:40]!r} is {len(ids)} token: it begins with one word of "
             f"{len(text):,}+ characters with no space or punctuation (Chinese or Japanese text, "
@@ -207,6 +209,7 @@ def explain(
     lens: bool = True,
     optimizer=None,
     follow=None,
+    grad_clip: float = 0.0,
 ) -> dict:
     """Run one training step of ``model`` on ``prompt`` and return what happened, as a dict.
 
@@ -216,8 +219,10 @@ def explain(
     (default: the last; negative counts from the end); element: (row, col) of the W_Q element
     whose AdamW update is worked out (default: the one with the largest gradient). lr,
     weight_decay, betas, eps: the AdamW step, unless ``optimizer`` (an AdamW over the model,
-    kept across calls) is given. checks: elements per matrix checked by finite differences
-    (0: no float64 checks, no re-measured loss); lens: the logit lens and head ablation.
+    kept across calls) is given; grad_clip: the global gradient norm is clipped to it before
+    the step, as gpt-train does (0: no clipping). checks: elements per matrix checked by
+    finite differences (0: no float64 checks, no re-measured loss); lens: the logit lens and
+    head ablation.
     follow: (label, parameter name, row, col) of matrix elements reported before and after the
     update (default: the largest-gradient element of W_Q, W_K, W_V in the first head). seed seeds tensorgrad's
     generators first. The model's weights are updated in place.
@@ -269,7 +274,7 @@ def explain(
             for g in optimizer.param_groups:
                 g["eps"] = eps
         evidence = (float64_copy(model), idx, targets, checks) if checks > 0 else None
-        step = _adamw_step(model, optimizer, layer, heads[0], element, follow, evidence)
+        step = _adamw_step(model, optimizer, layer, heads[0], element, follow, evidence, grad_clip)
         report["adamw"], report["finite_differences"], report["loss_change"] = step
         report["followed"] = report["adamw"].pop("followed")
         before = dict(report["next_token"], target_prob=report["loss"]["terms"][position]["prob"])
@@ -501,10 +506,13 @@ def _check_follow(params: dict, follow) -> None:
             )
 
 
-def _adamw_step(model, opt, layer, head, element, follow, evidence):
+def _adamw_step(model, opt, layer, head, element, follow, evidence, grad_clip=0.0):
     """The AdamW step with its bookkeeping: (adamw section, finite differences, loss change).
 
-    evidence: (float64 copy, idx, targets, elements per matrix), or None for no checks."""
+    evidence: (float64 copy, idx, targets, elements per matrix), or None for no checks.
+    grad_clip: the gradients are clipped (gpt-train's clip_grad_norm_) after the evidence,
+    which is of the loss's own gradient, and before the step; the element and the followed
+    weights show the gradient AdamW used."""
     C, hs = model.config.n_embd, model.config.n_embd // model.config.n_head
     named = list(model.named_parameters())
     params = dict(named)
@@ -524,6 +532,13 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
             model, model64, idx, targets, layer, head, n_checks, extra=[("W_Q", wq_name, i, j)]
         )
         loss_before = loss64(model64, idx, targets)
+    # as gpt-train's loop: the norm of all gradients, clipped to grad_clip (0: not clipped)
+    grad_norm = float(clip_grad_norm_(list(model.parameters()), grad_clip))
+    scale = 1.0
+    if grad_clip > 0 and math.isfinite(grad_norm) and grad_clip / (grad_norm + 1e-6) < 1.0:
+        scale = grad_clip / (grad_norm + 1e-6)
+        gq = host(wq.grad)[:C].astype(np.float64)  # what AdamW sees
+    used = {n: None if p.grad is None else host(p.grad) for n, p in named}
     opt.step()
     if evidence is not None:
         change = loss_change(named, grads, before, model64, idx, targets, loss_before)
@@ -544,7 +559,7 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
     followed = []
     for label, n, r, c in follow:
         m, v, t = _moments(opt, params[n], r, c)
-        g, new = grads[n], float(host(params[n])[r, c])
+        g, new = used[n], float(host(params[n])[r, c])
         followed.append(
             {
                 "label": label,
@@ -553,6 +568,7 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
                 "step": t,
                 "value": float(before[n][r, c]),
                 "grad": None if g is None else float(g[r, c]),
+                "tape_grad": None if grads[n] is None else float(grads[n][r, c]),
                 "m_prev": prev[(n, r, c)][0],
                 "v_prev": prev[(n, r, c)][1],
                 "m": m,
@@ -563,6 +579,9 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
         )
     group = next(g for g in opt.param_groups if any(q is wq for q in g["params"]))
     el = _element(group, wq_name, layer, hs, i, j, before, wq, gq, opt, m_prev, v_prev)
+    if el.get("grad") is not None:
+        g0 = grads[wq_name]
+        el.update(tape_grad=float(g0[i, j]), clip_scale=scale)
     b1, b2 = group["betas"]
     return (
         {
@@ -570,6 +589,9 @@ def _adamw_step(model, opt, layer, head, element, follow, evidence):
             "weight_decay": group["weight_decay"],
             "betas": [b1, b2],
             "eps": group["eps"],
+            "grad_norm": grad_norm,
+            "grad_clip": grad_clip,
+            "clip_scale": scale,
             "params": rows,
             "element": el,
             "followed": followed,
