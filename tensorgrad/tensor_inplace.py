@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .autograd.graph import op_observers
+from .autograd.graph import note_view, op_observers, watch
 from .devices import (
     device_of,
     get_array_module,
@@ -382,6 +382,8 @@ class InPlace:
             shared = shares_memory(out._array, self._array)
         if shared:
             out._version = self._version
+            if watch.traces:  # a compile trace noted its version when the op made it
+                note_view(out)
             if self._base is None:
                 out._base, out._view_fn = self, fn
             else:

@@ -3,7 +3,7 @@ and the gathers and scatters that use indices (with gradients).
 
 ``Select`` is a base class of ``Tensor`` holding these methods.
 
-Imports: collections, numpy, .devices, .ops, .tensor_inplace.
+Imports: collections, numpy, .autograd, .devices, .ops, .tensor_inplace.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from collections import namedtuple
 
 import numpy as np
 
+from .autograd.graph import watch
 from .devices import get_array_module, xp_for
 from .ops import elementwise as E
+from .ops import more_math as M
 from .ops import more_shape as MS
 from .ops.dims import wrap_dim, wrap_dims
 from .ops.dtypes import result_type
@@ -23,19 +25,17 @@ MaxResult = namedtuple("MaxResult", ["values", "indices"])  # max(dim), min(dim)
 Histogram = namedtuple("histogram", ["hist", "bin_edges"])  # torch.histogram's pair
 
 
-def _xp_op(name: str):
-    return lambda a, b: getattr(get_array_module(a), name)(a, b)
-
-
 class Select(InPlace):
     """Tensor's comparisons, index-valued ops, gathers and scatters (adds no state)."""
 
     __slots__ = ()
 
-    # comparisons and logic: no gradient, boolean results
-    def _compare(self, op, other):
-        """``op`` on both arrays in their PyTorch result type (int tensor < 0.5 compares floats;
-        float32 == a float64 0-d tensor compares in float32)."""
+    # comparisons and logic: no gradient, boolean results (ops/more_math.py's Compare and
+    # Predicate): applied as ops while a compile trace watches this thread (it records and
+    # replays them), computed on the arrays otherwise
+    def _compare(self, fn, other):
+        """``fn`` (a name of ``M.COMPARISONS``) on both in their PyTorch result type (int
+        tensor < 0.5 compares floats; float32 == a float64 0-d tensor compares in float32)."""
         if isinstance(other, (list, tuple)):
             other = self._leaf(get_array_module(self._array).asarray(other))
         elif not isinstance(other, (InPlace, bool, int, float, np.generic)) and not hasattr(
@@ -45,37 +45,43 @@ class Select(InPlace):
         if isinstance(other, np.generic):
             other = other.item()
         dt = result_type(self, other)
-        a = self._array.astype(dt, copy=False)
-        b = as_array(other).astype(dt, copy=False) if hasattr(other, "dtype") else other
-        return self._leaf(op(a, b))
+        if watch.traces:
+            return M.Compare.apply(self, other, fn=fn, dtype=dt)
+        b = as_array(other) if hasattr(other, "dtype") else other
+        return self._leaf(M.Compare.compute(self._array, b, fn, dt))
 
-    __eq__ = lambda self, o: self._compare(lambda a, b: a == b, o)  # noqa: E731
-    __ne__ = lambda self, o: self._compare(lambda a, b: a != b, o)  # noqa: E731
-    __lt__ = lambda self, o: self._compare(lambda a, b: a < b, o)  # noqa: E731
-    __le__ = lambda self, o: self._compare(lambda a, b: a <= b, o)  # noqa: E731
-    __gt__ = lambda self, o: self._compare(lambda a, b: a > b, o)  # noqa: E731
-    __ge__ = lambda self, o: self._compare(lambda a, b: a >= b, o)  # noqa: E731
-    __and__ = lambda self, o: self._compare(lambda a, b: a & b, o)  # noqa: E731
-    __or__ = lambda self, o: self._compare(lambda a, b: a | b, o)  # noqa: E731
-    __xor__ = lambda self, o: self._compare(lambda a, b: a ^ b, o)  # noqa: E731
-    __invert__ = lambda self: self._leaf(~self._array)  # noqa: E731
+    def _predicate(self, fn: str):
+        if watch.traces:
+            return M.Predicate.apply(self, fn=fn)
+        return self._leaf(M.Predicate.compute(self._array, fn))
+
+    __eq__ = lambda self, o: self._compare("eq", o)  # noqa: E731
+    __ne__ = lambda self, o: self._compare("ne", o)  # noqa: E731
+    __lt__ = lambda self, o: self._compare("lt", o)  # noqa: E731
+    __le__ = lambda self, o: self._compare("le", o)  # noqa: E731
+    __gt__ = lambda self, o: self._compare("gt", o)  # noqa: E731
+    __ge__ = lambda self, o: self._compare("ge", o)  # noqa: E731
+    __and__ = lambda self, o: self._compare("and", o)  # noqa: E731
+    __or__ = lambda self, o: self._compare("or", o)  # noqa: E731
+    __xor__ = lambda self, o: self._compare("xor", o)  # noqa: E731
+    __invert__ = lambda self: self._predicate("invert")  # noqa: E731
     __hash__ = object.__hash__
     eq, ne, lt, le, gt, ge = __eq__, __ne__, __lt__, __le__, __gt__, __ge__
-    logical_and = lambda self, o: self._compare(_xp_op("logical_and"), o)  # noqa: E731
-    logical_or = lambda self, o: self._compare(_xp_op("logical_or"), o)  # noqa: E731
-    logical_xor = lambda self, o: self._compare(_xp_op("logical_xor"), o)  # noqa: E731
+    logical_and = lambda self, o: self._compare("logical_and", o)  # noqa: E731
+    logical_or = lambda self, o: self._compare("logical_or", o)  # noqa: E731
+    logical_xor = lambda self, o: self._compare("logical_xor", o)  # noqa: E731
 
     def logical_not(self):
-        return self._leaf(get_array_module(self._array).logical_not(self._array))
+        return self._predicate("logical_not")
 
     def isnan(self):
-        return self._leaf(get_array_module(self._array).isnan(self._array))
+        return self._predicate("isnan")
 
     def isinf(self):
-        return self._leaf(get_array_module(self._array).isinf(self._array))
+        return self._predicate("isinf")
 
     def isfinite(self):
-        return self._leaf(get_array_module(self._array).isfinite(self._array))
+        return self._predicate("isfinite")
 
     def _bool_reduce(self, op: str, dim, keepdim: bool):
         xp = get_array_module(self._array)

@@ -361,7 +361,9 @@ def test_a_compiled_gpt_trains_as_the_eager_one(dropout):
 
 
 @pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
-def test_a_gpt_with_its_attention_written_out_compiles_it_to_one_attention_op():
+def test_a_gpt_with_its_attention_written_out_gets_the_fused_block():
+    """set_fused_attention(False): the written attention becomes one attention op
+    (CausalAttention), which the block pattern then reads as the stock block's."""
     compiled, eager = gpt_pair()
     for m in (compiled, eager):
         m.set_fused_attention(False)
@@ -375,10 +377,7 @@ def test_a_gpt_with_its_attention_written_out_compiles_it_to_one_attention_op():
         w = want[1][name]
         assert np.abs(got[1][name] - w).max() <= 1e-3 * np.abs(w).max(), name
     s = compiled_forward(compiled).summary()
-    assert s["patterns"][-1] == {
-        "causal attentions as one attention op": 2,
-        "residual adds with their LayerNorm as one kernel": 4,  # the block no longer matches
-    }, s["patterns"]
+    assert s["patterns"][-1] == {"GPT-2 blocks as the fused block kernel": 2}, s["patterns"]
 
 
 # (class-level edits of the GPT, compiled and eager: tests/test_model_edits.py)
@@ -576,16 +575,91 @@ def test_a_wrong_gradient_raises_in_a_replayed_graph_as_in_eager_mode():
             f(x).backward()
 
 
-def test_a_comparison_of_traced_values_runs_eagerly_even_with_the_same_inputs():
-    """x > 0 is computed outside the tape: with the same input in both traced calls the two
-    traces agree, so the trace itself must see it (else the third call would replay the first
-    call's mask)."""
+def test_a_comparison_of_traced_values_is_an_op_and_replays_even_with_the_same_inputs():
+    """x > 0 is an op (Compare, no gradient): with the same input in both traced calls the
+    third call still computes its own mask, not the first call's (it used to be computed off
+    the tape, and the forward ran eagerly)."""
     f = tg.compile(lambda x: (x * 2).masked_fill(x > 0, 0.0))
     x = tg.randn(5)
-    with pytest.warns(CompileWarning, match="a comparison of a traced tensor"):
-        f(x), f(x)
+    f(x), f(x)
     y = tg.randn(5)
     np.testing.assert_array_equal(f(y).numpy(), (y * 2).masked_fill(y > 0, 0.0).numpy())
+    assert f.summary()["compiled"] == 1 and f.summary()["eager"] == []
+
+
+# each: a forward using a comparison (or logic) of its traced inputs; b is float64 0-d, an
+# int64 vector or a bool vector, so that PyTorch's type promotion decides the compared dtype
+COMPARING = {
+    "lt": lambda a, b: a.masked_fill(a < b, 0.0),
+    "le-reflected": lambda a, b: a.masked_fill(0.25 >= a, 0.0),
+    "eq-0d-float64": lambda a, b: a.masked_fill(a.round(decimals=1) == b, 7.0),
+    "ne-int": lambda a, b: a * (a.long() != b.long()).float(),
+    "int-lt-half": lambda a, b: a * (b.long() < 0.5),
+    "gt-ge-and": lambda a, b: a.masked_fill((a > b) & (a >= -0.5), 0.0),
+    "or-xor-invert": lambda a, b: a.masked_fill(((a > 0) | (b > 0)) ^ ~(a < 1), -1.0),
+    "int-bitwise": lambda a, b: a * ((b.long() & 1) | (b.long() ^ 2)).float(),
+    "logical": lambda a, b: a.masked_fill(a.logical_and(b).logical_or(a.logical_not()), 2.0),
+    "logical-xor": lambda a, b: a.masked_fill(a.logical_xor(b > 0), 2.0),
+    "isnan-isinf-isfinite": lambda a, b: a.masked_fill(
+        (a / b).isnan() | (a / b).isinf() | ~(a / b).isfinite(), 3.0
+    ),
+    "where": lambda a, b: tg.where(a > b, a, b * 2),
+    "returned-mask": lambda a, b: (a * 2, a > b),
+}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (0 / 0, 1 / 0: the isnan case)
+@pytest.mark.parametrize("name", sorted(COMPARING))
+def test_comparisons_of_traced_values_replay_as_eager_mode_computes_them(name):
+    """Compiled equals eager, outputs (the masks' dtypes too) and gradients, over four calls:
+    the first two with one input, the next two with others (a replay reuses no mask)."""
+    fn = COMPARING[name]
+    f = tg.compile(fn)
+    g = np.random.default_rng(7)
+    first = g.standard_normal((3, 5)).round(1)
+    for call in range(4):
+        a = first if call < 2 else g.standard_normal((3, 5)).round(1)
+        b = np.float64(0.3) if name == "eq-0d-float64" else g.standard_normal(5).round(1) * 3
+        if name == "isnan-isinf-isfinite":
+            b = np.where(g.random(5) < 0.4, 0.0, b)  # 0/0 and x/0
+        got, want = [], []
+        for fun, out in ((f, got), (fn, want)):
+            x = tg.tensor(a.astype(np.float32), requires_grad=True)
+            y = tg.tensor(b, requires_grad=name != "int-lt-half" and np.ndim(b) > 0)
+            r = fun(x, y)
+            rs = r if isinstance(r, tuple) else (r,)
+            rs[0].float().sum().backward() if rs[0].requires_grad else None
+            grads = [t.grad.numpy() if t.grad is not None else None for t in (x, y)]
+            out.append(([(o.dtype, o.detach().numpy()) for o in rs], grads))
+        ((go, gg),), ((wo, wg),) = got, want
+        for (gd, ga), (wd, wa) in zip(go, wo):
+            assert gd == wd, (name, call)
+            np.testing.assert_array_equal(ga, wa, err_msg=f"{name}, call {call}")
+        for gx, wx in zip(gg, wg):
+            assert (gx is None) == (wx is None), (name, call)
+            if wx is not None:
+                np.testing.assert_allclose(gx, wx, rtol=1e-6, err_msg=f"{name}, call {call}")
+    assert f.summary()["compiled"] == 1 and f.summary()["eager"] == [], f.summary()
+
+
+@pytest.mark.parametrize(
+    ("fn", "reason"),
+    [
+        (lambda x, i: x[:, i] * 2, "indexes with a traced tensor inside a tuple"),
+        (lambda x, i: x[:, (x[0] > 0).long()] * 2, "indexes with a traced tensor inside a tuple"),
+        (lambda x, i: x[x > 0] * 2, "boolean mask of a traced tensor"),
+    ],
+    ids=["input-in-tuple-key", "computed-in-tuple-key", "bool-mask"],
+)
+def test_an_index_a_graph_cannot_replay_runs_eagerly(fn, reason):
+    """x[:, idx] with idx traced would keep the trace's indices (the two traced calls may
+    agree); x[mask] has a shape that depends on the mask's values: both run eagerly."""
+    f = tg.compile(fn)
+    x, i = tg.randn(3, 4), tg.tensor([0, 2])
+    with pytest.warns(CompileWarning, match=reason):
+        f(x, i), f(x, i)
+    y, j = tg.randn(3, 4), tg.tensor([1, 3])
+    np.testing.assert_array_equal(f(y, j).numpy(), fn(y, j).numpy())
 
 
 def test_a_parameter_read_only_where_no_gradient_flows_gets_none_as_in_eager_mode():

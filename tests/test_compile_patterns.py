@@ -3,10 +3,12 @@
 nanoGPT's model.py, written here as it is with the imports changed (k reshaped before q and
 v, the exact GELU, ``transpose``), compiled, gets the fused GPT-2 block kernel as
 ``gpt/model.py`` does, and so do blocks that write the same ops in another order or spelling,
-with n_head 1 and T 1, where ``contiguous()`` records nothing. Near misses (another scale, a
-mask read from a buffer, another eps, a value of the block read outside it, a user's op that
-shares an op's name) do not match and run as written. Everything compiled is compared with
-an eager twin of the same weights: outputs and every gradient, over four calls.
+with n_head 1 and T 1, where ``contiguous()`` records nothing; so does attention written out
+with its causal mask read from a buffer (the mask folded when the plan is made). Near misses
+(another scale, such a buffer narrowed in place after the plan, another eps, a value of the
+block read outside it, a user's op that shares an op's name) do not match and run as
+written. Everything compiled is compared with an eager twin of the same weights: outputs and
+every gradient, over four calls. (minGPT's model: test_compile_mingpt.py.)
 """
 
 from __future__ import annotations
@@ -311,7 +313,7 @@ class Spelled(nn.Module):
     def attend(self, q, k, v, T):
         if self.how == "scale":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
-        if self.how == "buffer-mask":  # as nanoGPT's non-flash path: a graph value
+        if self.how == "buffer-mask":  # as nanoGPT's non-flash path: a graph value, folded
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.masked[:T, :T], float("-inf"))
             return F.softmax(att, dim=-1) @ v
@@ -352,7 +354,7 @@ def test_a_block_spelled_another_way_gets_the_fused_block(how):
 
 NEAR_MISSES = {
     "scale": "another attention scale",
-    "buffer-mask": "attention written out with its mask read from a buffer",
+    "buffer-mask": "attention written out with its mask read from a buffer, narrowed after the plan",
     "eps": "two LayerNorms with different eps",
     "read-inside": "a value made inside the block read outside it",
 }
@@ -360,10 +362,29 @@ NEAR_MISSES = {
 
 def narrow_the_mask(call, module):
     """From the third call on, the buffer's mask also hides the key two back (a window of
-    two): a mask read from a buffer may change between calls, and replay must follow it."""
+    two): a mask read from a buffer may change between calls, and replay must follow it (the
+    plan, which folded the causal mask from it, is made again)."""
     if call == 2 and module.how == "buffer-mask":
         with torch.no_grad():
             module.masked.copy_(torch.tensor(~np.tril(np.triu(np.ones((16, 16), bool), -1))))
+
+
+def test_a_causal_mask_read_from_a_buffer_is_folded_until_the_buffer_changes():
+    """Attention written out with its mask read from a bool buffer (``masked[:T, :T]``, True:
+    may not attend): the slice equals the causal mask when the plan is made, so the block is
+    the fused block (through one attention op). Narrowed in place after the second call, the
+    buffer's version moves, the plan is made again, and the attention runs as written."""
+    before = []
+
+    def between(call, module):
+        fwd = compiled_forward(module)
+        if call == 2 and fwd is not None:
+            before.append(fwd.summary()["patterns"])
+        narrow_the_mask(call, module)
+
+    after = compare_fn(lambda: Spelled("buffer-mask"), [(2, 8, 16)], between=between)
+    assert before == [fused(1)], before
+    assert BLOCK not in after[0] and ATTENTION not in after[0], after
 
 
 @pytest.mark.parametrize("how", sorted(NEAR_MISSES), ids=sorted(NEAR_MISSES))
@@ -425,8 +446,10 @@ def test_an_output_read_before_the_root_keeps_the_ops():
 
 def test_a_pattern_is_added_in_one_place(monkeypatch):
     """docs/compile.md's example: a tanh GELU written out (minGPT's NewGELU) as one GELU op.
-    A subclass of Pattern is the whole change."""
-    monkeypatch.setattr(patterns, "PATTERNS", list(patterns.PATTERNS))  # (undone after)
+    A subclass of Pattern is the whole change. (patterns.py registers this entry by default:
+    it is taken out here, and written again as the docs write it.)"""
+    stock = [p for p in patterns.PATTERNS if p is not patterns.WrittenGelu]
+    monkeypatch.setattr(patterns, "PATTERNS", stock)  # (undone after)
     V, K, op = patterns.V, patterns.K, patterns.op
 
     class WrittenGelu(patterns.Pattern):
@@ -468,8 +491,9 @@ def test_every_pattern_binds_what_it_names():
     """The registry's entries, in order; the block's inputs are the kernel's, in its order; an
     entry whose outputs it does not bind is refused where it is written."""
     assert [p.__name__ for p in patterns.PATTERNS] == [
+        "WrittenGelu",  # (first: the block reads the one GELU op it makes, and
+        "CausalAttention",  # the one attention op this one makes)
         "GPT2Block",
-        "CausalAttention",
         "AddLayerNormPattern",
     ]
     with pytest.raises(ValueError, match="not a value the pattern binds"):

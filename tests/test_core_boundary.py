@@ -119,16 +119,42 @@ def _calls(name: str) -> set[str]:
     return set(code.co_names) if code else set()
 
 
-def test_the_tracer_patches_every_public_name_of_a_comparison_and_of_floor_mod():
-    """compile's tracer flags a comparison, // or % of a traced tensor (no op records them) by
-    patching the public methods, not the private helpers behind them: every Tensor attribute
-    whose code calls the helper, aliases such as ``eq`` and ``floor_divide`` included, must be
-    patched, or a new alias would slip past the trace."""
-    want = {"_compare": "a comparison", "_no_grad_binary": "// or %"}
+def test_the_tracer_patches_every_public_name_of_floor_mod():
+    """compile's tracer flags // or % of a traced tensor (no op records them) by patching the
+    public methods, not the private helper behind them: every Tensor attribute whose code calls
+    the helper, aliases such as ``floor_divide`` included, must be patched, or a new alias would
+    slip past the trace."""
     for name in dir(Tensor):
-        for helper in want.keys() & _calls(name):
+        if "_no_grad_binary" in _calls(name):
             assert name in compile_trace._OFF_TAPE, name
-            assert compile_trace._WHAT.get(name) == want[helper], name
+            assert compile_trace._WHAT.get(name) == "// or %", name
+
+
+BITWISE = ("__and__", "__or__", "__xor__", "__invert__")
+
+
+def test_every_public_name_of_a_comparison_records_an_op():
+    """Comparisons and logic are ops (Compare, Predicate) that a compile trace records and
+    replays: every Tensor attribute whose code reaches them, aliases such as ``eq`` included,
+    records its op while a trace watches (none is patched by the tracer), with no gradient."""
+    found = 0
+    for name in dir(Tensor):
+        calls = _calls(name)
+        if not ({"_compare", "_predicate"} & calls) or name.startswith(("_compare", "_pred")):
+            continue
+        found += 1
+        assert name not in compile_trace._OFF_TAPE, name
+        x = tg.randn(4, requires_grad=True)
+        this = x > 0 if name in BITWISE else x  # (&, |, ^ and ~ of floats raise, as in torch)
+        args = () if "_predicate" in calls else ((x < 0.5) if name in BITWISE else x * 2,)
+        tracer = compile_trace.Tracer([this, *args])
+        with compile_trace.tracing(tracer):
+            out = getattr(this, name)(*args)
+        step = tracer.graph.steps[-1]
+        assert step.cls.__name__ in ("Compare", "Predicate"), (name, step)
+        assert [kind for kind, _ in step.ins] == ["v"] * (1 + len(args)), (name, step.ins)
+        assert not out.requires_grad and out.grad_fn is None, name
+    assert found >= 20, found  # ==, !=, <, <=, >, >=, &, |, ^, ~, their aliases, logical_*, isnan
 
 
 @pytest.mark.parametrize(
@@ -137,8 +163,6 @@ def test_the_tracer_patches_every_public_name_of_a_comparison_and_of_floor_mod()
         (lambda x: x * (x // 1), "// or %"),
         (lambda x: x * (2 % x), "// or %"),
         (lambda x: x * x.floor_divide(2), "// or %"),
-        (lambda x: x.masked_fill(x.eq(x), 0.0), "a comparison"),
-        (lambda x: x.masked_fill(x.logical_and(x), 0.0), "a comparison"),
     ],
 )
 def test_a_compiled_forward_still_sees_what_no_op_records(fn, reason):
@@ -146,3 +170,24 @@ def test_a_compiled_forward_still_sees_what_no_op_records(fn, reason):
     x = tg.randn(5)
     with pytest.warns(CompileWarning, match=reason):
         f(x), f(x)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.masked_fill(x.eq(x * 0.5), 0.0),
+        lambda x: x.masked_fill(x.logical_and(x > 0.5), 0.0),
+        lambda x: x.masked_fill(~(x < 0), 1.0),
+        lambda x: x.masked_fill(x.isnan() | (x >= 0.2), 0.0),
+    ],
+    ids=["eq", "logical_and", "invert", "isnan-or"],
+)
+def test_a_comparison_of_a_traced_tensor_replays(fn):
+    """Comparisons record an op: the compiled forward replays them on each call's values (the
+    first two calls see one input, the third another) and does not fall back."""
+    f = tg.compile(fn)
+    x = tg.randn(5)
+    f(x), f(x)
+    y = tg.randn(5)
+    assert (f(y).numpy() == fn(y).numpy()).all()
+    assert f.summary()["compiled"] == 1 and f.summary()["eager"] == []

@@ -188,6 +188,14 @@ def note_effect(what: str, tensor=None) -> None:
         trace.effect(what, tensor)
 
 
+def note_view(tensor) -> None:
+    """Tell the compile traces running in this thread that ``tensor``, an op's output, now
+    shares its base's version counter (it is a view): its version so far is the base's, which
+    earlier writes to the base moved, not a write to it."""
+    for trace in watch.traces:
+        trace.rebase(tensor)
+
+
 class Op:
     """One recorded array operation. Subclasses define ``forward`` and ``backward``.
 

@@ -26,11 +26,13 @@ How (docs/compile.md tells it on the GPT block):
   value, or has hooks on a submodule runs eagerly: one line (a ``CompileWarning``) says why,
   once. ``fullgraph=True`` raises instead.
 
-Imports: sys, threading, time, warnings, .fuse, .guards, .replay, .trace, ..autograd, ..tensor.
+Imports: dataclasses, sys, threading, time, warnings, .fuse, .guards, .patterns, .replay, .trace,
+..autograd, ..tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -41,10 +43,12 @@ from ..autograd.graph import constant, is_grad_enabled
 from ..tensor import Tensor
 from .fuse import FusedElementwise, plan
 from .guards import ModuleState, Uncompilable, signature, state_guards
+from .patterns import Fold
 from .replay import Replay, random_state
 from .trace import Graph, Leaf, Struct, Tracer, same_graph, tracing
 
 MAX_SIGNATURES = 8  # traces kept per compiled forward (shapes that change every call: eager)
+MAX_REPLANS = 4  # plans made again for changed buffers; after that, buffers are not folded
 
 
 class CompileWarning(UserWarning):
@@ -99,7 +103,7 @@ class CompiledForward:
                 changed = changed or what
                 continue
             if v.state == "ready":
-                return self._replay(v.graph, live, args, kwargs)
+                return self._replay(self._current(v, live), live, args, kwargs)
             if v.state == "eager":
                 return self.fn(*args, **kwargs)
             seen = v
@@ -153,12 +157,13 @@ class CompiledForward:
                 # composites as kernels, elementwise runs as generated ones (the first
                 # trace's plan serves the second, which is the same graph)
                 if seen is None:
-                    graph.plan, graph.composites = plan(graph), 0
-                    graph.composites = _composites(graph)
+                    self._plan(graph, live)
                 else:
                     graph.plan, graph.composites = seen.graph.plan, seen.graph.composites
+                    graph.pins, graph.replans = seen.graph.pins, seen.graph.replans
                 state = "seen" if seen is None else "ready"
-                variants.append(Variant(state, graph, guards, None, tracer.codes))
+                variant = Variant(state, graph, guards, None, tracer.codes)
+                variants.append(variant)
         self.trace_s += time.perf_counter() - t0
         if graph.reason is not None:
             self._say(graph.reason)
@@ -167,7 +172,42 @@ class CompiledForward:
             return out  # (the GPU's generator state is not restored: its eager result)
         del out, tracer  # the eager run's graph is freed before the replay
         random_state(rng)
-        return self._replay(graph, live, args, kwargs)
+        return self._replay(self._current(variant, live), live, args, kwargs)
+
+    def _plan(self, graph: Graph, live) -> None:
+        """Make the graph's plan: composites (a mask read from one of the module's buffers is
+        folded: the plan is pinned to those buffers), then fused runs."""
+        fold = None
+        if graph.replans <= MAX_REPLANS:
+            n = len(self.state.live) if self.module is not None else 0
+            buffers = {  # the module's tensors that no gradient changes (its buffers)
+                k
+                for k in range(len(live) - n, len(live))
+                if isinstance(live[k], Tensor) and not live[k].requires_grad
+            }
+            fold = Fold(graph, live, buffers)
+        graph.plan = plan(graph, fold)
+        graph.pins = list(fold.pins.values()) if fold is not None else []
+        graph.composites = _composites(graph)
+
+    def _current(self, v: Variant, live) -> Graph:
+        """v's graph, with its plan made again first where a buffer the plan folded changed
+        since (written in place: its version moved; or its memory swapped): a plan never
+        replays a decision made on a buffer's old values. The graph is replaced, not changed,
+        so that a replay in flight keeps the plan it ran."""
+        g = v.graph
+        for slot, version, array in g.pins:
+            t = live[slot]
+            if t.version != version or t.array is not array:
+                break
+        else:
+            return g
+        with self.lock:
+            if v.graph is g:
+                new = dataclasses.replace(g, replans=g.replans + 1)
+                self._plan(new, live)
+                v.graph = new
+            return v.graph
 
     def _replay(self, graph: Graph, live, args, kwargs):
         used = [

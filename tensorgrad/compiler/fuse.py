@@ -74,12 +74,13 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
 PARALLEL_FROM = 1 << 15  # elements: below this the threads cost more than they save
 
 
-def plan(graph: Graph) -> list:
-    """The steps replay runs: composites as their kernels, then elementwise runs fused."""
+def plan(graph: Graph, fold=None) -> list:
+    """The steps replay runs: composites as their kernels, then elementwise runs fused
+    (``fold``: patterns.Fold, the values known now, a mask read from a buffer)."""
     steps = list(graph.steps)
     if not kernels.is_enabled() or graph.device != "cpu":
         return steps
-    steps = match_composites(graph, steps)
+    steps = match_composites(graph, steps, fold=fold)
     return fuse_runs(graph, steps) if _have_numba() else steps
 
 

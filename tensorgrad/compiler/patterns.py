@@ -7,8 +7,10 @@
   Ops are keyed on their Op classes. ``V("w")`` binds a graph value (or a missing optional
   input, None), and the same name must find the same value again; ``K("eps")`` binds a
   constant, equal wherever the name appears (a graph value, a mask read from a buffer say,
-  does not bind); ``ANY`` takes any constant; any other value must equal the traced constant;
-  ``commutative=True`` lets an op's two inputs come either way round (``a + x``);
+  does not bind); ``ANY`` takes any constant; ``Known("mask")`` binds a constant or a graph
+  value that only buffers and constants make, whose value ``m.known("mask")`` folds when the
+  plan is made (``Fold``: the plan is then pinned to those buffers' versions, and made again
+  when one changes); any other value must equal the traced constant; ``commutative=True`` lets an op's two inputs come either way round (``a + x``);
   ``name="s"`` binds an op's value;
 - ``inputs`` and ``outputs``: the names whose values the emitted op reads, in its argument
   order (or a constant, None), and writes, the root last;
@@ -25,42 +27,49 @@ looked through wherever it stands, whether it recorded a copy or nothing (``cont
 a contiguous tensor returns it as it is: n_head 1, T 1). A match becomes one step, in the
 root's place, where it is closed: no value made inside it is read by a step outside it or
 returned (its outputs excepted), no input of it is made inside it, no step outside it reads
-one of its outputs before the root, and the kernel's predicate accepts the arguments.
+one of its outputs before the root, and the kernel's predicate accepts the arguments. A step
+that a pattern made is an op like any other to the patterns after it (the block reads the
+attention op and the GELU op the first two make); the steps that only a match read (a folded
+mask's slice and comparison) are dropped with it.
 
-Three patterns today, tried in this order (the block first: it holds two residual adds):
-- ``GPT2Block``: the pre-LayerNorm GPT-2 block with the fused attention, as ``gpt/model.py``,
-  nanoGPT's and build-nanogpt's models write it, tanh or exact GELU: the fused block kernel
-  (``kernels/cpu_gpt2_block.py``). An edited block (another activation, another scale, a
-  parallel attention and MLP, RMSNorm) traces other ops, does not match, and runs as written:
-  the pattern is the graph's, never a module's type;
+Four patterns today, tried in this order (the written GELU and attention first: the block
+reads the ops they make; the block before the residual adds: it holds two):
+- ``WrittenGelu``: the tanh GELU written out (minGPT's ``NewGELU``), one GELU op;
 - ``CausalAttention``: causal attention written out, ``softmax((q @ k.transpose(-2, -1)) *
   scale`` with the causal mask filled by -inf ``) @ v`` (the model's
-  ``set_fused_attention(False)`` path): one attention op with ``is_causal`` and that scale,
-  so the flash kernel takes it where it applies and no (T, T) probabilities are kept for the
-  backward. The mask must be a constant equal to ``~causal_mask(L, S)`` with L <= S (no row
-  fully masked, where the written softmax would give NaN and the op zeros), checked when the
-  plan is made; a mask read from a buffer is a graph value, not a constant, and does not match;
+  ``set_fused_attention(False)`` path, nanoGPT's non-flash path, minGPT's): one attention op
+  with ``is_causal`` and that scale, so the flash kernel takes it where it applies and no
+  (T, T) probabilities are kept for the backward. The mask must equal ``~causal_mask(L, S)``
+  with L <= S (no row fully masked, where the written softmax would give NaN and the op
+  zeros), checked when the plan is made: a constant, or folded from a buffer (minGPT's
+  ``bias[:, :, :T, :T] == 0``), the plan then pinned to the buffer;
+- ``GPT2Block``: the pre-LayerNorm GPT-2 block with the fused attention, as ``gpt/model.py``,
+  nanoGPT's and build-nanogpt's models write it (minGPT's through the two above), tanh or
+  exact GELU: the fused block kernel (``kernels/cpu_gpt2_block.py``). An edited block
+  (another activation, another scale, a parallel attention and MLP, RMSNorm) traces other
+  ops, does not match, and runs as written: the pattern is the graph's, never a module's type;
 - ``AddLayerNormPattern``: a residual add and the LayerNorm of its sum (every pre-LN block
   that is not the stock one has two): one ``AddLayerNorm`` op with both outputs, which its
   kernel computes in one pass over the rows each way. The two addends have one shape.
 
-Imports: functools, inspect, numpy, .trace, ..autograd, ..kernels, ..ops.
+Imports: functools, inspect, math, numpy, .trace, ..autograd, ..kernels, ..ops.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import numpy as np
 
 from .. import kernels
 from ..autograd import xp_of
-from ..ops.elementwise import Add, MaskedFill, Mul
+from ..ops.elementwise import Add, MaskedFill, Mul, Pow, Tanh
 from ..ops.linalg import Linear, MatMul
 from ..ops.nn import Attention, Gelu, LayerNorm, Softmax, causal_mask
 from ..ops.shape import Contiguous, Permute, Reshape, Split
-from .trace import Graph, Step, same_value
+from .trace import RANDOM_OPS, Graph, Step, same_value
 
 PATTERNS: list = []  # the registry: every Pattern subclass, in the order defined
 TRANSPARENT = (Contiguous,)  # ops whose output is their input's values: looked through
@@ -84,6 +93,16 @@ class K:
 
 
 ANY = K("")  # any constant, bound to nothing
+
+
+class Known:
+    """A value known when the plan is made, bound by name: a constant, or a graph value that
+    only buffers and constants make (a mask read from a buffer, ``bias[:, :, :T, :T] == 0``).
+    ``m.known(name)`` gives its value (folded from the buffers as they are now); the plan is
+    then pinned to those buffers, and made again when one changes."""
+
+    def __init__(self, name: str):
+        self.name = name
 
 
 class Node:
@@ -136,11 +155,12 @@ class Pattern:
 
 class Match(dict):
     """A match's bindings: name -> ("v", slot) / ("c", None) for a value or a named op, the
-    constant for a K name; ``steps``: the matched steps' indices."""
+    constant for a K name, ("v", slot) / ("c", constant) for a Known one; ``steps``: the
+    matched steps' indices; ``fold``: what Known values are folded from (None: constants)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, fold: Fold | None = None):
         super().__init__()
-        self.graph = graph
+        self.graph, self.fold = graph, fold
         self.steps: dict = {}  # id(node.group) -> step index
         self.taken: set = set()  # step indices matched
 
@@ -150,8 +170,16 @@ class Match(dict):
     def dtype(self, name: str):
         return self.graph.meta[self[name][1]][1]
 
+    def known(self, name: str):
+        """A Known name's value: the constant, or the graph value folded from the buffers
+        (None where it cannot be: it depends on an input, a parameter or a random op)."""
+        kind, v = self[name]
+        if kind == "c":
+            return v
+        return None if self.fold is None else self.fold.value(v)
+
     def copy(self) -> Match:
-        m = Match(self.graph)
+        m = Match(self.graph, self.fold)
         m.update(self)
         m.steps, m.taken = dict(self.steps), set(self.taken)
         return m
@@ -160,11 +188,87 @@ class Match(dict):
 # ----------------------------------------------------------------------------- the matcher
 
 
-def match_composites(graph: Graph, steps: list, patterns=None) -> list:
-    """``steps`` with every closed match of a pattern replaced by one step of its kernel."""
+def match_composites(graph: Graph, steps: list, patterns=None, fold=None) -> list:
+    """``steps`` with every closed match of a pattern replaced by one step of its kernel
+    (``fold``: a ``Fold`` of the live values, for Known names; None: only constants are
+    known). The steps that only a match read (the ops making a folded mask) go too."""
+    before = _dead(graph, steps)
     for pattern in PATTERNS if patterns is None else patterns:
-        steps = _replace_all(graph, steps, pattern)
-    return steps
+        steps = _replace_all(graph, steps, pattern, fold)
+    gone = _dead(graph, steps) - before
+    return [st for st in steps if id(st) not in gone]
+
+
+def _dead(graph: Graph, steps: list) -> set:
+    """ids of the steps whose values no later step reads, nor the result (random ops stay:
+    they advance the generator)."""
+    needed, dead = set(graph.output_slots()), set()
+    for st in reversed(steps):
+        if not any(s in needed for s in st.outs) and not _random(st):
+            dead.add(id(st))
+            continue
+        needed.update(v for kind, v in [*st.ins, *st.kwargs.values()] if kind == "v")
+    return dead
+
+
+def _random(st: Step) -> bool:
+    return st.cls.op in RANDOM_OPS or bool(st.kwargs.get("dropout_p", ("c", 0))[1])
+
+
+class Fold:
+    """Values of a graph known when its plan is made: the live values of the slots in
+    ``foldable`` (the module's buffers), and what deterministic steps make from them and from
+    constants. ``pins``: (slot, version, array) of each buffer read, which the plan holds
+    for (compiler/__init__.py makes the plan again when one changes)."""
+
+    MAX_STEPS = 16  # steps folded per value (a mask: a slice and a comparison)
+
+    def __init__(self, graph: Graph, live: list, foldable: set):
+        self.graph, self.live, self.foldable = graph, live, foldable
+        self.made = {s: (st, j) for st in graph.steps for j, s in enumerate(st.outs)}
+        self.values: dict = {}
+        self.pins: dict = {}
+
+    def value(self, slot: int):
+        """The value of ``slot`` now, or None where it depends on anything but buffers and
+        constants (or takes more than MAX_STEPS steps)."""
+        budget = [self.MAX_STEPS]
+        try:
+            return self._value(slot, budget)
+        except Exception:  # an op that refuses the values now (a buffer cut short)
+            return None
+
+    def _value(self, slot: int, budget: list):
+        if slot in self.values:
+            return self.values[slot]
+        if slot < self.graph.n_inputs:
+            if slot not in self.foldable:
+                return None
+            t = self.live[slot]
+            a = t.array
+            self.pins[slot] = (slot, t.version, a)
+            self.values[slot] = a
+            return a
+        st, j = self.made[slot]
+        budget[0] -= 1
+        if budget[0] < 0 or _random(st):
+            return None
+        args, kwargs = [], {}
+        for kind, v in st.ins:
+            args.append(self._value(v, budget) if kind == "v" else v)
+            if args[-1] is None and kind == "v":
+                return None
+        for name, (kind, v) in st.kwargs.items():
+            kwargs[name] = self._value(v, budget) if kind == "v" else v
+            if kwargs[name] is None and kind == "v":
+                return None
+        fn = st.cls()
+        fn.reference, fn.needs_input_grad = st.cls, (False,) * len(args)
+        out = fn.forward(*args, **kwargs)
+        outs = out if st.cls.multi_output else (out,)
+        for s, o in zip(st.outs, outs):
+            self.values[s] = np.asarray(o) if isinstance(o, np.generic) else o
+        return self.values[slot]
 
 
 class _Flow:
@@ -182,7 +286,7 @@ class _Flow:
         self.returned = set(graph.output_slots())
 
 
-def _replace_all(graph: Graph, steps: list, pattern: Pattern) -> list:
+def _replace_all(graph: Graph, steps: list, pattern: Pattern, fold=None) -> list:
     """``steps`` with each closed match of ``pattern`` (roots in order) as one step."""
     root = pattern.root
     flow, k = _Flow(graph, steps), 0
@@ -190,7 +294,7 @@ def _replace_all(graph: Graph, steps: list, pattern: Pattern) -> list:
         st = steps[k]
         found = None
         if st.cls is root.cls and not st.pattern:
-            found = _emit_at(graph, steps, flow, k, root, pattern)
+            found = _emit_at(graph, steps, flow, k, root, pattern, fold)
         if found is not None:  # the match's steps go; its step stands in the root's place
             m, step = found
             at = sum(i not in m.taken for i in range(k))
@@ -201,12 +305,12 @@ def _replace_all(graph: Graph, steps: list, pattern: Pattern) -> list:
     return steps
 
 
-def _emit_at(graph, steps, flow, k, root, pattern):
+def _emit_at(graph, steps, flow, k, root, pattern, fold=None):
     """(match, its step) for the pattern rooted at step k, or None."""
     st = steps[k]
     if not root.out < len(st.outs):
         return None
-    start = Match(graph)
+    start = Match(graph, fold)
     for n, m in enumerate(_solve([(root, ("v", st.outs[root.out]))], start, steps, flow)):
         if n >= MAX_TRIES:
             return None
@@ -244,7 +348,8 @@ def _node(want: Node, got, m: Match, steps: list, flow: _Flow):
         ref = st.ins[0]
     else:
         return  # an input of the graph, or a constant: no op made it
-    if st.cls is not want.cls or st.pattern or j != want.out or len(st.ins) != len(want.ins):
+    # (a composite step, the attention op that CausalAttention made, matches as its op)
+    if st.cls is not want.cls or j != want.out or len(st.ins) != len(want.ins):
         return
     key = id(want.group)
     if key in m.steps:  # another output of an op matched already (Split's q, k, v)
@@ -289,6 +394,10 @@ def _bind(m: Match, want, got) -> bool:
             return False
         key = (kind, value if kind == "v" else None)
         return m.setdefault(want.name, key) == key
+    if isinstance(want, Known):  # a constant or a graph value (folded when asked)
+        if value is inspect.Parameter.empty:
+            return False
+        return m.setdefault(want.name, got) is got or same_value(m[want.name], got)
     if isinstance(want, K):  # a constant, equal wherever the name appears
         if kind != "c" or value is inspect.Parameter.empty:
             return False
@@ -365,7 +474,7 @@ def _check_names(pattern) -> None:
             stack += [i for part in items[:2] for i in part if isinstance(i, Node)]
         for part in items:
             for i in part:
-                if isinstance(i, (V, K)) and i.name:
+                if isinstance(i, (V, K, Known)) and i.name:
                     kind = type(i).__name__
                     if kinds.setdefault(i.name, kind) != kind:
                         raise ValueError(f"{pattern.label}: {i.name!r} is a value and a constant")
@@ -387,6 +496,82 @@ BLOCK_PARAMS = (
 )
 
 
+class WrittenGelu(Pattern):
+    """The tanh GELU written out, as minGPT's ``NewGELU`` and the GELU paper write it:
+    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``, one GELU op."""
+
+    label = "GELUs written out as one GELU op"
+    inputs, outputs = ("x",), ("y",)
+    kernel, ref, fallback = "gelu", Gelu, True
+
+    @staticmethod
+    def graph():
+        x = V("x")
+        cube = op(Mul, op(Pow, x, K("three")), K("c"), commutative=True)
+        u = op(Mul, op(Add, x, cube, commutative=True), K("k"), commutative=True)
+        t = op(Add, op(Tanh, u), K("one"), commutative=True)
+        return op(Mul, op(Mul, x, K("half"), commutative=True), t, commutative=True, name="y")
+
+    @staticmethod
+    def conditions(graph, m):
+        """The GELU's constants (to float64 rounding: ``math.sqrt(2 / math.pi)`` or
+        ``(2 / math.pi) ** 0.5``), a float x and y of its shape and dtype."""
+        want = {"three": 3, "c": 0.044715, "k": math.sqrt(2 / math.pi), "one": 1, "half": 0.5}
+        for n, v in want.items():
+            c = m[n]
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                return None
+            if not math.isclose(c, v, rel_tol=1e-12):
+                return None
+        if (m.shape("y"), m.dtype("y")) != (m.shape("x"), m.dtype("x")):
+            return None
+        if m.dtype("x").kind != "f":
+            return None
+        return {"approximate": "tanh"}
+
+
+class CausalAttention(Pattern):
+    label = "causal attentions as one attention op"
+    inputs = ("q", "k", "v", None)
+    outputs = ("y",)
+    kernel = "attention"
+    ref, fallback = Attention, True
+
+    @staticmethod
+    def graph():
+        s = op(
+            Mul, op(MatMul, V("q"), op(Permute, V("k"), (0, 1, 3, 2))), K("scale"), commutative=True
+        )
+        p = op(Softmax, op(MaskedFill, s, Known("masked"), float("-inf")), dim=K("dim"))
+        return op(MatMul, p, V("v"), name="y")
+
+    @staticmethod
+    def conditions(graph, m):
+        """The mask is the causal (L, S) one, L <= S: a constant, or a value folded from a
+        buffer when the plan is made (minGPT's ``bias[:, :, :T, :T] == 0``); shapes as the op
+        takes them: attention with is_causal and that scale."""
+        scale, dim = m["scale"], m["dim"]
+        (qs, qd), (ks, kd), (vs, vd) = ((m.shape(n), m.dtype(n)) for n in ("q", "k", "v"))
+        if (m.shape("y"), m.dtype("y")) != ((*qs[:3], vs[3]), qd):
+            return None
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
+            return None
+        if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):
+            return None
+        (L, E), (S, Ek) = qs[2:], ks[2:]
+        if E != Ek or vs[2] != S or not (qd == kd == vd) or L > S:
+            return None
+        want = ~causal_mask(np, L, S)
+        masked = m.known("masked")  # (last: folding runs ops)
+        if not (hasattr(masked, "shape") and masked.dtype == bool and masked.size == want.size):
+            return None
+        if masked.shape != want.shape[-masked.ndim :] and masked.shape[-2:] != want.shape:
+            return None
+        if not np.array_equal(np.asarray(masked).reshape(L, S), want):
+            return None
+        return {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
+
+
 class GPT2Block(Pattern):
     label = "GPT-2 blocks as the fused block kernel"
     inputs = ("x", *BLOCK_PARAMS)
@@ -400,7 +585,7 @@ class GPT2Block(Pattern):
         qkv = op(Linear, h1, p["attn.c_attn.weight"], p["attn.c_attn.bias"])
         q, k, v = op(Split, qkv, K("sizes"), K("dim"), n_out=3)
         heads = [op(Permute, op(Reshape, t, ANY, name=n), HEADS) for t, n in zip((q, k, v), "qkv")]
-        y = op(Attention, *heads, None, dropout_p=K("dropout_p"), is_causal=True, scale=None)
+        y = op(Attention, *heads, None, dropout_p=K("dropout_p"), is_causal=True, scale=K("scale"))
         ym = op(Reshape, op(Permute, y, HEADS), ANY, name="ym")  # (.contiguous(): looked through)
         x1 = op(
             Add, x, op(Linear, ym, p["attn.c_proj.weight"], p["attn.c_proj.bias"]), commutative=True
@@ -424,52 +609,16 @@ class GPT2Block(Pattern):
             return None
         if m.shape("k") != heads or m.shape("v") != heads or m.shape("ym") != xs:
             return None
-        sizes, dim, p = m["sizes"], m["dim"], m["dropout_p"]
+        sizes, dim, p, scale = m["sizes"], m["dim"], m["dropout_p"], m["scale"]
         if not isinstance(sizes, (list, tuple)) or list(sizes) != [C] * 3 or dim not in (2, -1):
             return None
         if isinstance(p, bool) or not isinstance(p, (int, float)) or p != 0:  # (eval: an int 0)
             return None
+        if scale is not None and not (  # the default, or written as 1 / sqrt(head size)
+            isinstance(scale, float) and math.isclose(scale, 1 / math.sqrt(heads[3]), rel_tol=1e-12)
+        ):
+            return None
         return {"n_head": heads[2], "eps": m["eps"], "approximate": m["approximate"]}
-
-
-class CausalAttention(Pattern):
-    label = "causal attentions as one attention op"
-    inputs = ("q", "k", "v", None)
-    outputs = ("y",)
-    kernel = "attention"
-    ref, fallback = Attention, True
-
-    @staticmethod
-    def graph():
-        s = op(
-            Mul, op(MatMul, V("q"), op(Permute, V("k"), (0, 1, 3, 2))), K("scale"), commutative=True
-        )
-        p = op(Softmax, op(MaskedFill, s, K("masked"), float("-inf")), dim=K("dim"))
-        return op(MatMul, p, V("v"), name="y")
-
-    @staticmethod
-    def conditions(graph, m):
-        """The mask is the causal (L, S) one, L <= S, as a constant; shapes as the op takes
-        them: attention with is_causal and that scale."""
-        scale, masked, dim = m["scale"], m["masked"], m["dim"]
-        (qs, qd), (ks, kd), (vs, vd) = ((m.shape(n), m.dtype(n)) for n in ("q", "k", "v"))
-        if (m.shape("y"), m.dtype("y")) != ((*qs[:3], vs[3]), qd):
-            return None
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or dim not in (-1, 3):
-            return None
-        if not (len(qs) == len(ks) == len(vs) == 4 and qs[:2] == ks[:2] == vs[:2]):
-            return None
-        (L, E), (S, Ek) = qs[2:], ks[2:]
-        if E != Ek or vs[2] != S or not (qd == kd == vd) or L > S:
-            return None
-        want = ~causal_mask(np, L, S)
-        if not (hasattr(masked, "shape") and masked.dtype == bool and masked.size == want.size):
-            return None
-        if masked.shape != want.shape[-masked.ndim :] and masked.shape[-2:] != want.shape:
-            return None
-        if not np.array_equal(np.asarray(masked).reshape(L, S), want):
-            return None
-        return {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
 
 
 class AddLayerNorm(LayerNorm):

@@ -13,12 +13,17 @@ the forward then runs eagerly:
 - a tensor written in place (BatchNorm's running statistics, ``x += 1``);
 - random numbers drawn outside an op (``tg.randn`` in a forward: replay would reuse them);
 - a user's ``autograd.Function``, whose forward is Python the trace does not see;
-- a tensor that requires grad and is neither an input, a parameter nor a buffer.
+- a tensor that requires grad and is neither an input, a parameter nor a buffer;
+- an index that a list of ops cannot replay: a traced tensor inside a tuple key (``x[:, idx]``
+  keeps the trace's values), a boolean mask of a traced tensor (``x[mask]``: the result's
+  shape depends on its values).
+Comparisons and logic of traced tensors (``x > 0``, ``~m``, ``isnan``) are ops (Compare,
+Predicate), recorded and replayed like any other.
 An array that is none of these (a causal mask, position ids) is a constant of the graph;
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
 
-Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..tensor.
+Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..ops, ..tensor.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 
 from .. import devices
 from ..autograd import graph as tape
+from ..ops.shape import GetItem
 from ..tensor import Tensor
 from .guards import guarded_code, is_plain
 
@@ -116,6 +122,8 @@ class Graph:
     composites: int = 0  # plan steps that stand for a window matched by a pattern
     grad_used: set = field(default_factory=set)  # slots some step's gradient flows back to
     random: bool = False  # some op draws from the generator (dropout)
+    pins: list = field(default_factory=list)  # (slot, version, array): buffers the plan read
+    replans: int = 0  # plans made again because a pinned buffer changed
 
     def output_slots(self) -> list:
         """The slots of the tensors in the forward's result, in order."""
@@ -140,6 +148,7 @@ class Tracer:
         self.slot_of: dict[int, int] = {}  # id(Tensor) or id(array) -> slot
         self.keep = list(live)  # keeps every object whose id is a key alive
         self.versions: list = []  # (tensor, version when seen)
+        self.made_at: dict = {}  # id(an op's output) -> its entry in versions
         self.draws = 0  # random draws since the last op
         self.thread = threading.get_ident()  # ops of other threads are not this forward's
         self.codes: dict = {}  # code object run during the trace -> its globals (guards.py)
@@ -173,7 +182,15 @@ class Tracer:
         if isinstance(x, Tensor):
             self.slot_of.setdefault(id(x.array), slot)
             self.keep.append(x.array)
+            self.made_at[id(x)] = len(self.versions)
             self.versions.append((x, x.version))
+
+    def rebase(self, x) -> None:
+        """x, an op's output, became a view: it counts its base's versions from now on
+        (tape.note_view), so its version when made is the base's now, not a write."""
+        k = self.made_at.get(id(x))
+        if k is not None and self.versions[k][0] is x:
+            self.versions[k] = (x, x.version)
 
     def value(self, x):
         """Where input x of an op comes from: ("v", slot) or ("c", constant)."""
@@ -208,6 +225,16 @@ class Tracer:
         g = self.graph
         ins = [self.value(x) for x in inputs]
         kw = {k: self.value(v) if hasattr(v, "dtype") else ("c", v) for k, v in kwargs.items()}
+        if any(isinstance(x, (tuple, list)) and self._holds_traced(x) for x in inputs):
+            self.fail(
+                "it indexes with a traced tensor inside a tuple or list (x[:, idx]), which "
+                "replay would keep as the trace's values"
+            )
+        if cls is GetItem and ins[1][0] == "v" and g.meta[ins[1][1]][1].kind == "b":
+            self.fail(
+                "it indexes with a boolean mask of a traced tensor (x[mask]): the result's "
+                "shape depends on the mask's values"
+            )
         outs, meta = [], []
         for r in results:
             slot = len(g.needs_grad)
@@ -219,6 +246,16 @@ class Tracer:
             outs.append(slot)
         needs = tuple(bool(n) for n in fn.needs_input_grad)
         g.steps.append(Step(cls, type(fn), ins, kw, outs, needs, meta))
+
+    def _holds_traced(self, xs) -> bool:
+        """Whether a tuple or list (an index key) holds a value of the trace."""
+        for x in xs:
+            if isinstance(x, (tuple, list)):
+                if self._holds_traced(x):
+                    return True
+            elif hasattr(x, "dtype") and (id(x) in self.slot_of or self.traced(x)):
+                return True
+        return False
 
     def finish(self, result) -> Graph:
         g = self.graph
@@ -259,16 +296,13 @@ class Tracer:
 _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
 _VALUE_READS += ("equal", "allclose")
 # Tensor methods whose results are computed outside the tape (no op records them): on a traced
-# value, replay would reuse the result of the trace as a constant. Every public name of a
-# comparison and of // and % is listed (an alias such as ``eq`` is a name of its own).
-_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "eq", "ne", "lt")
-_COMPARISONS += ("le", "gt", "ge", "__and__", "__or__", "__xor__", "logical_and", "logical_or")
-_COMPARISONS += ("logical_xor",)
+# value, replay would reuse the result of the trace as a constant. Every public name of // and
+# % is listed (an alias such as ``floor_divide`` is a name of its own). Comparisons and logic
+# (==, <, &, ~, logical_*, isnan, isinf, isfinite) are ops (Compare, Predicate): replayed.
 _FLOOR_MOD = ("__floordiv__", "__rfloordiv__", "floor_divide", "__mod__", "__rmod__")
-_OFF_TAPE = ("__invert__", "logical_not", "isnan", "isinf", "isfinite", "argmax", "argmin")
-_OFF_TAPE += ("all", "any", "argsort", "unique", "histogram")  # (sort, topk: argsort)
-_OFF_TAPE += ("nonzero", *_COMPARISONS, *_FLOOR_MOD)
-_WHAT = {**dict.fromkeys(_COMPARISONS, "a comparison"), **dict.fromkeys(_FLOOR_MOD, "// or %")}
+_OFF_TAPE = ("argmax", "argmin", "all", "any", "argsort", "unique", "histogram")  # (sort, topk)
+_OFF_TAPE += ("nonzero", *_FLOOR_MOD)
+_WHAT = dict.fromkeys(_FLOOR_MOD, "// or %")
 # tensorgrad functions that hand a tensor's values to their caller
 _CONVERSIONS = ("as_array", "tensor", "new_tensor")
 

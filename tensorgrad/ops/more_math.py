@@ -1,17 +1,19 @@
 """The pointwise and reduction ops beyond the GPT's: sin, cos, log10, log2, the
 piecewise-constant ones (sign, floor, ceil, round: gradient 0, as PyTorch), clamp, maximum /
-minimum, var, cumsum, prod, and einsum. Each is one reference ``Op`` with its backward, as in
+minimum, var, cumsum, prod, and einsum; and comparisons and logic (==, <, &, ~, isnan: no
+gradient, ``Compare`` and ``Predicate``). Each is one reference ``Op`` with its backward, as in
 the core files; Tensor methods and ``tensorgrad.einsum`` apply them. Backward is written
 against ``xp_of(g)``, so it records a graph under ``create_graph=True`` (see ops/tensor_xp.py).
 
-Imports: math, .elementwise, .reduce, ..autograd, ..devices.
+Imports: math, operator, .elementwise, .reduce, ..autograd, ..devices.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 
-from ..autograd import Op, unbroadcast, xp_of
+from ..autograd import Op, no_grad, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
 from ..devices import errstate, get_array_module
 from .elementwise import BinaryOp
@@ -305,3 +307,70 @@ class Einsum(Op):
             gk = xp.broadcast_to(xp.reshape(gk, shape), x.shape)
             gxs.append(gk if gk.dtype == x.dtype else gk.astype(x.dtype))
         return tuple(gxs)
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+
+class NoGradient(Op):
+    """Base of the ops whose results carry no gradient (comparisons, logic, isnan), as in
+    PyTorch: never a node of the graph, whatever their inputs require. Tensor applies them as
+    ops while a compile trace watches its thread, so that the trace records them and replays
+    them on each call's values; otherwise it calls ``compute`` on the arrays (nothing to
+    record, no op's overhead)."""
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        with no_grad():  # nothing records it: its outputs are leaves without grad
+            return super().apply(*inputs, **kwargs)
+
+    def backward(self, *grads):  # pragma: no cover - never recorded
+        raise RuntimeError(f"{type(self).__name__} has no gradient")
+
+
+# Compare's ``fn``: the operator it applies (``&``, ``|`` and ``^`` are bitwise: integers give
+# integers, booleans booleans), or the name of the array module's function (logical_*)
+COMPARISONS = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
+    "logical_xor": "logical_xor",
+}
+PREDICATES = ("invert", "logical_not", "isnan", "isinf", "isfinite")  # Predicate's fn
+
+
+class Compare(NoGradient):
+    """x ``fn`` y (``COMPARISONS``: ==, !=, <, <=, >, >=, &, |, ^, logical_and/or/xor), both
+    cast to ``dtype`` first (their PyTorch result type: an int tensor < 0.5 compares floats,
+    float32 == a float64 0-d tensor compares in float32); y may be a Python number."""
+
+    @staticmethod
+    def compute(x, y, fn, dtype):
+        a = x.astype(dtype, copy=False)
+        b = y.astype(dtype, copy=False) if hasattr(y, "dtype") else y
+        f = COMPARISONS[fn]
+        return getattr(get_array_module(a), f)(a, b) if isinstance(f, str) else f(a, b)
+
+    def forward(self, x, y, fn, dtype):
+        return Compare.compute(x, y, fn, dtype)
+
+
+class Predicate(NoGradient):
+    """``fn`` of x, elementwise (``PREDICATES``: ~x, logical_not, isnan, isinf, isfinite)."""
+
+    @staticmethod
+    def compute(x, fn):
+        if fn not in PREDICATES:
+            raise ValueError(f"Predicate: unknown fn {fn!r}")
+        return ~x if fn == "invert" else getattr(get_array_module(x), fn)(x)
+
+    def forward(self, x, fn):
+        return Predicate.compute(x, fn)
