@@ -626,3 +626,25 @@ def test_compile_refuses_options_it_would_ignore():
         tg.compile(nn.Linear(2, 2), options={"trace.enabled": True})
     for mode in (None, "default", "reduce-overhead", "max-autotune"):
         tg.compile(nn.Linear(2, 2), mode=mode)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=0),
+        lambda x, t: F.nll_loss(F.log_softmax(x, -1), t, weight=tg.ones(5), ignore_index=0),
+        lambda x, t: (x * F.one_hot(t, 5)).sum(),
+    ],
+    ids=["label_smoothing", "nll_weight", "one_hot"],
+)
+def test_losses_that_mask_targets_by_value_never_freeze_the_mask(loss):
+    """The first two calls' targets hold no ignored id; later ones do: the mask of kept
+    targets must follow them (a loss computing it in NumPy runs eagerly, with its line)."""
+    g = tg.compile(loss)
+    rng = np.random.default_rng(0)
+    with _warnings("traced tensor's values"):
+        for k in range(CALLS):
+            x = tg.tensor(rng.standard_normal((4, 5)).astype(np.float32), requires_grad=True)
+            t = tg.tensor(np.array([1, 2, 3, 4]) if k < 2 else np.array([0, 2, 0, 4]))
+            x2 = tg.tensor(x.detach().numpy(), requires_grad=True)
+            assert_same(outputs_and_grads(g, [], [x, t]), outputs_and_grads(loss, [], [x2, t]))

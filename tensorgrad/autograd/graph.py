@@ -180,6 +180,14 @@ def observed() -> bool:
     return not watch.hidden
 
 
+def note_value_read(x, what: str) -> None:
+    """Library code that computes from a tensor's values outside any op (a loss's mask of
+    kept targets): a compile trace of this thread that holds ``x`` as a value runs eagerly."""
+    for trace in watch.traces:
+        if trace.traced(x):
+            trace.fail(f"it computes {what} from a traced tensor's values, which no op records")
+
+
 def note_effect(what: str, tensor=None) -> None:
     """Tell the compile traces running in this thread of an effect their replay would skip
     (``what``: "it sets Block.last_h"; ``tensor``: the one it changes, when a change to a

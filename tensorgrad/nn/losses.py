@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import is_grad_enabled
+from ..autograd.graph import note_value_read
 from ..devices import get_array_module
 from ..tensor import Tensor, as_array
 from .activations import log_softmax
@@ -38,6 +39,7 @@ def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
 
 def one_hot(idx, num_classes: int = -1) -> Tensor:
     """int64 (..., num_classes) with a 1 at each id (num_classes -1: max id + 1)."""
+    note_value_read(idx, "one_hot")
     t = as_array(idx)
     n = int(t.max()) + 1 if num_classes < 0 else num_classes
     xp = get_array_module(t)
@@ -61,6 +63,7 @@ def nll_loss(logp: Tensor, target, weight=None, ignore_index: int = -100, reduct
         raise TypeError(f"nll_loss: target must hold integer class ids, got {t.dtype}")
     if getattr(weight, "requires_grad", False) and is_grad_enabled():
         raise RuntimeError("nll_loss: the derivative for 'weight' is not implemented (detach it)")
+    note_value_read(target, "nll_loss's kept targets")
     x, tf = _classes_last(logp, t)
     keep = tf != ignore_index
     xp = get_array_module(tf)
@@ -124,6 +127,7 @@ def smoothed_cross_entropy(logits, target, ignore_index, reduction, eps, cross_e
     nll = cross_entropy(logits, target, ignore_index=ignore_index, reduction="none")
     cdim = 1 if logits.ndim > 1 else 0
     uniform = -log_softmax(logits, cdim).mean(cdim)  # (N, d1, ...): -mean_c log p_c
+    note_value_read(target, "label smoothing's kept targets")
     valid = as_array(target) != ignore_index
     rows = uniform.masked_fill(~valid, 0.0) * eps + nll * (1.0 - eps)
     if reduction == "none":
