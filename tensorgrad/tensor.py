@@ -136,6 +136,8 @@ class Tensor(Extras):
             raise RuntimeError(
                 "requires_grad can only be turned off on leaf tensors; use .detach()"
             )
+        if _watch.traces:  # a traced tensor made a leaf of its own (x.requires_grad_())
+            note_effect("it sets requires_grad on a traced tensor (replay would not)", self)
         self._requires_grad = bool(value)
         model_epoch[0] += 1  # (compile's signature reads it)
 

@@ -202,7 +202,9 @@ class Select(InPlace):
         idx = as_array(index)
         if idx.ndim > 1 or idx.dtype.kind not in "iu":
             raise RuntimeError("index_select: index must be a 0-d or 1-d integer tensor")
-        return self[(slice(None),) * d + (idx.reshape(-1),)]
+        ids = index.reshape(-1) if isinstance(index, InPlace) else idx.reshape(-1)  # (a tensor
+        return self[ids] if d == 0 else self[(slice(None),) * d + (ids,)]  # stays one: a
+        # compile trace sees the ids: replayed along dim 0, run eagerly with its line beyond)
 
     def masked_fill(self, mask, value):
         """Copy of self with ``value`` where the broadcast boolean ``mask`` is True."""

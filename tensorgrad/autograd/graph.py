@@ -229,6 +229,7 @@ class Op:
     non_differentiable: tuple = ()  # input positions whose gradient is never defined
     none_is_no_gradient = False  # backward may return None for any input (a user's Function)
     takes_none = False  # backward takes None for an output that got no gradient (no zeros made)
+    holds_graph = False  # releases the parts its backward ran itself (compile's Replay)
     op: str | None = None  # the registry's name for this op (reference Ops only)
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract

@@ -75,7 +75,11 @@ def deliver(grads: dict, edge, g) -> None:
 
 
 def release(fn: Op) -> None:
-    """Free what fn saved for its backward (a second backward through it raises)."""
+    """Free what fn saved for its backward (a second backward through it raises). A node that
+    holds a graph of its own (compile's Replay) releases the parts its backward ran itself:
+    a later backward through another of its outputs still runs, as through separate nodes."""
+    if fn.holds_graph:
+        return
     fn.__dict__.clear()
     fn.checks, fn.released = (), True
 

@@ -69,6 +69,8 @@ class Variant:
 class CompiledForward:
     """A module's (or a function's) forward, compiled: installed as ``module.forward``."""
 
+    guard_by_identity = True  # (guards.py: its own entries are no state of the forward's)
+
     def __init__(self, fn, module=None, fullgraph: bool = False):
         self.fn, self.module, self.fullgraph = fn, module, fullgraph
         self.name = getattr(fn, "__qualname__", type(fn).__name__)
@@ -77,6 +79,11 @@ class CompiledForward:
         self.trace_s = 0.0  # time spent tracing (the two eager calls that record)
         self.lock = threading.Lock()  # (two threads calling it: one updates entries at a time)
         self.state = ModuleState()  # the module's part of the signature, while it holds
+
+    def __reduce__(self):
+        """Pickled (a module sent to another process) as the forward it compiles: the copy is
+        traced afresh."""
+        return (CompiledForward, (self.fn, self.module, self.fullgraph))
 
     def __deepcopy__(self, memo):
         """A copy of the module gets its own compiled forward, traced afresh (an EMA copy, a
@@ -125,9 +132,14 @@ class CompiledForward:
         same way, traced or not (a resumed run repeats an uninterrupted one bit for bit)."""
         t0, rng = time.perf_counter(), random_state()
         tracer = Tracer(live)
+        lists = [(a, list(a)) for a in (*args, *kwargs.values()) if isinstance(a, (list, dict))]
         with tracing(tracer):
             out = self.fn(*args, **kwargs)
         graph = tracer.finish(out)
+        if any(list(a) != before or _items(a) != _items(before) for a, before in lists):
+            tracer.fail("it changes a list or dict argument in place (replay would not)")
+        if not key[0] and any(graph.needs_grad[s] for s in graph.output_slots()):
+            tracer.fail("it turns grad mode on inside a call made under no_grad (enable_grad)")
         if seen is not None:  # the first trace's Python too (a cached helper runs in one), of
             ours = {id(glob) for glob in tracer.codes.values()}  # the modules this one ran
             for code, glob in seen.codes.items():  # (not the first call's one-off setup: a
@@ -264,6 +276,11 @@ class CompiledForward:
             "eager": eager,
             "trace_s": self.trace_s,
         }
+
+
+def _items(x) -> list:
+    """The identities of a list argument's items (or a dict's keys and values), in order."""
+    return [id(v) for v in (x if isinstance(x, list) else [*x, *x.values()])]
 
 
 def _user_level() -> int:

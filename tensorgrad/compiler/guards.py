@@ -21,14 +21,16 @@ Two parts, as torch.compile's guards have them:
 Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
 library is not listed: what it reads is recorded as ops and kernels, or never changes.
 
-Imports: contextvars, dataclasses, dis, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor.
+Imports: collections, contextvars, dataclasses, dis, functools, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor, ..types.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import dis
+import functools
 import gc
 import random
 import sys
@@ -39,10 +41,11 @@ import numpy as np
 from ..autograd.graph import model_epoch
 from ..devices import device_of
 from ..tensor import Tensor
+from ..types import is_dtype
 
 TENSOR = "(tensor)"  # the key of a constant tensor's guard: its memory and requires_grad
 MISSING = object()  # a name that was absent when traced (a later global would shadow a builtin)
-SMALL = 256  # a container of at most this many items is guarded by a copy of them
+SMALL = 4096  # a container of at most this many items is guarded by a copy of them
 # internals of a Module's __dict__ that the signature covers (or that hold no model state)
 _MODULE_KEYS = {"_parameters", "_modules", "_buffers", "_non_persistent", "training"}
 _MODULE_KEYS |= {"_forward_pre_hooks", "_forward_hooks", "_made_in_trace"}
@@ -82,7 +85,7 @@ def signature(args, kwargs, module, grad_enabled: bool, state: ModuleState | Non
     parts, live, where = [grad_enabled], [], {}
     for a in args:
         _argument(a, parts, live, where)
-    for k in sorted(kwargs):
+    for k in kwargs:  # (in the call's order: a forward may read them so, **feats)
         parts.append(k)
         _argument(kwargs[k], parts, live, where)
     if module is not None:
@@ -130,8 +133,11 @@ def _argument(x, parts: list, live: list, where: dict) -> None:
     if isinstance(x, Tensor):
         live.append(x)
         a = x.array
-        parts.append(("T", a.shape, a.dtype, device_of(a), x.requires_grad, _contiguous(a)))
+        meta = (a.shape, a.dtype, device_of(a), x.requires_grad, _contiguous(a), x.is_leaf)
+        parts.append(("T", *meta))
         _shared(a, parts, live, where)
+    elif isinstance(x, (np.dtype, type)) or is_dtype(x):  # dtype=tg.float64, np.float64
+        parts.append(("dtype", str(x)))
     elif hasattr(x, "dtype") and hasattr(x, "shape") and not isinstance(x, np.generic):
         live.append(x)
         parts.append(("A", x.shape, x.dtype, device_of(x), _contiguous(x)))
@@ -217,6 +223,7 @@ class StateGuards:
 
     def __init__(self):
         self.reason: str | None = None
+        self.strings: set = set()  # names spelled as strings (getattr(self, "t", 1.0))
         self.items: list = []  # [label, container, key, expected, copy-or-MISSING]
         self.settled: list = []  # module attributes that were absent: checked when
         # model_epoch moved
@@ -282,7 +289,7 @@ def _read(container, key):
     return container.get(key, MISSING)
 
 
-def _copy(value, depth: int = 2):
+def _copy(value, depth: int = 4):
     """A copy of a container's, a plain object's or a small NumPy array's contents (nested
     ones too, ``depth`` levels down), or MISSING where the value is guarded by identity alone
     (a plain value, a function, a class, a module, a large container)."""
@@ -292,7 +299,7 @@ def _copy(value, depth: int = 2):
         if value.size > 4096 or value.dtype.hasobject:
             return MISSING
         return ("array", value.shape, value.dtype.str, value.tobytes())
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
         if isinstance(value, tuple) and all(is_plain(v) for v in value):
             return MISSING  # immutable: identity or equality says it all
         return [_item(v, depth) for v in value] if len(value) <= SMALL else MISSING
@@ -302,15 +309,33 @@ def _copy(value, depth: int = 2):
         return MISSING
     if isinstance(value, Tensor):
         return ("tensor", id(value.array), value.requires_grad)  # t.data = ..., requires_grad_
-    if callable(value):
-        return MISSING  # a callable object (compile's own forward): by identity
+    if isinstance(value, functools.partial):  # its arguments (partial(F.leaky_relu, ...))
+        return ("partial", id(value.func), _item(value.args, depth), _item(value.keywords, depth))
+    if isinstance(value, types.MethodType):  # a bound method: the state of its object
+        return ("method", id(value.__func__), _item(value.__self__, depth))
+    if getattr(type(value), "guard_by_identity", False) or _library_callable(value):
+        return MISSING  # compile's own forward; a library's callable (a numba dispatcher)
     if dataclasses.is_dataclass(value):  # (with __slots__ too)
         fields = {f.name: getattr(value, f.name, MISSING) for f in dataclasses.fields(value)}
     else:
         fields = getattr(value, "__dict__", None)
+        slots = [n for k in type(value).__mro__ for n in _names(getattr(k, "__slots__", ()))]
+        if not isinstance(fields, dict) and slots:  # a plain class with __slots__
+            fields = {n: getattr(value, n, MISSING) for n in slots}
         if not isinstance(fields, dict) or "_parameters" in fields:  # (a module: its own guards)
             return MISSING
     return {k: _item(v, depth) for k, v in fields.items()} if len(fields) <= SMALL else MISSING
+
+
+def _library_callable(value) -> bool:
+    """A callable object of tensorgrad's internals, NumPy, numba or the standard library:
+    guarded by identity (its state is its library's, and may change as it caches)."""
+    name = getattr(type(value), "__module__", "") or ""
+    return callable(value) and (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
+
+
+def _names(slots) -> list:
+    return [slots] if isinstance(slots, str) else list(slots)
 
 
 def _item(v, depth: int):
@@ -351,8 +376,12 @@ def state_guards(tracer, root, fn) -> StateGuards:
 def _code_guards(g: StateGuards, code, glob: dict, names: set, more: dict) -> None:
     """The globals (and their attributes) and closure cells one code object can read."""
     names.update(code.co_names)
-    names.update(c for c in code.co_consts if _identifier(c))  # (getattr(self, "scale"))
+    strings = [c for c in code.co_consts if _identifier(c)]  # (getattr(self, "scale"))
+    names.update(strings)
+    g.strings.update(strings)
     where = glob.get("__name__", "?")
+    if "print" in code.co_names and "print" not in glob and _loads_global(code, "print"):
+        g.reason = g.reason or f"{code.co_name} calls print (replay would not print)"
     for name in code.co_names:
         if name not in glob or name.startswith("__"):
             continue
@@ -426,10 +455,18 @@ def _closure_and_roots(g: StateGuards, tracer, root, fn, names: set) -> None:
                     continue  # compile's own
                 g.add(f"{cls.__name__}.{name}", d, name, module=True)
                 g.reason = g.reason or _iterator(d[name], f"{cls.__name__}.{name}")
+                held = d[name]  # a class or a Python module held by the module (self.kind)
+                if isinstance(held, (type, types.ModuleType)) and "_parameters" not in vars(held):
+                    for attr in names & vars(held).keys():
+                        if not attr.startswith("__"):
+                            g.add(f"{name}.{attr}", vars(held), attr, owner=held)
         if m is not root:  # (the root's forward is compile's own)
             g.add(f"{cls.__name__}.forward (instance)", d, "forward", module=True)
         classes.setdefault(cls, []).append(d)
     for cls, dicts in classes.items():  # class attributes and methods read through self
+        for name in g.strings:  # getattr(self, "t", default): a class attribute set later
+            if not any(name in k.__dict__ for k in cls.__mro__) and not name.startswith("__"):
+                g.add(f"{cls.__name__}.{name} (absent)", cls.__dict__, name, owner=cls)
         for name in sorted(n for n in names | {"forward"} if not n.startswith("__")):
             for klass in cls.__mro__[:-1]:  # (not object); super() reaches the later ones
                 if name in klass.__dict__:
@@ -449,6 +486,10 @@ def _reads(code, name: str, attr: str) -> bool:
             return True
         last = ins.argval if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") else None
     return False
+
+
+def _loads_global(code, name: str) -> bool:
+    return any(i.opname == "LOAD_GLOBAL" and i.argval == name for i in dis.get_instructions(code))
 
 
 def _identifier(c) -> bool:

@@ -65,6 +65,7 @@ class Replay(tape.Op):
     eager mode, rather than a None the walk would take for a missing one)."""
 
     multi_output = True
+    holds_graph = True  # each step is released as its backward runs (not the whole node)
     none_is_no_gradient = True  # an input only another output reaches gets none (as eagerly)
     takes_none = True  # an output no gradient reached (the logits beside the loss) adds
     # nothing: zeros of its shape would be a whole (B, T, vocab) array, added to a real one
@@ -116,13 +117,13 @@ class Replay(tape.Op):
         keep = tape._state.retain_graph  # backward(retain_graph=True): run them again later
         for k in range(len(graph.plan) - 1, -1, -1):
             st, fn = graph.plan[k], fns[k]
+            gouts = [grads[s] for s in st.outs]
+            if all(g is None for g in gouts) or not any(st.needs):
+                continue  # not on this backward's path: kept for one through another output
             if fn is None:
                 raise RuntimeError(tape.RELEASED_MSG)
             if not keep:  # dropped once its backward has run, with what it saved (as the
                 fns[k] = None  # eager walk releases each node): activations go as gradients come
-            gouts = [grads[s] for s in st.outs]
-            if all(g is None for g in gouts) or not any(st.needs):
-                continue
             for s in st.outs:
                 grads[s] = None  # this value's gradient is complete: free it
             if any(g is None for g in gouts):  # outputs no gradient reached: zeros

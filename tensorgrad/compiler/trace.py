@@ -212,8 +212,10 @@ class Tracer:
         return ("c", x)
 
     def __call__(self, cls, fn, inputs, kwargs, results) -> None:
-        if threading.get_ident() != self.thread:
-            return  # another thread's op, not this forward's
+        if threading.get_ident() != self.thread:  # another thread's op: not this forward's,
+            if any(self.traced(x) for x in inputs):  # unless it computes on its values
+                self.fail("it runs ops on its tensors in another thread (a thread pool)")
+            return
         if fn is None:
             self.fail(f"it calls a user-defined autograd.Function ({cls.__name__})")
         elif self.draws and cls.op not in RANDOM_OPS and not kwargs.get("dropout_p"):
@@ -274,12 +276,14 @@ class Tracer:
 
     def _outputs(self, r):
         if isinstance(r, (tuple, list)):
-            return Struct(type(r), None, [self._outputs(x) for x in r])
+            return self._rebuildable(r, Struct(type(r), None, [self._outputs(x) for x in r]))
         if isinstance(r, dict):
-            return Struct(type(r), list(r), [self._outputs(x) for x in r.values()])
+            items = [self._outputs(x) for x in r.values()]
+            return self._rebuildable(r, Struct(type(r), list(r), items))
         if dataclasses.is_dataclass(r) and not isinstance(r, type):
             keys = [f.name for f in dataclasses.fields(r)]
-            return Struct(type(r), keys, [self._outputs(getattr(r, k)) for k in keys])
+            items = [self._outputs(getattr(r, k)) for k in keys]
+            return self._rebuildable(r, Struct(type(r), keys, items))
         if isinstance(r, Tensor):
             kind, v = self.value(r)
             if kind == "c":
@@ -291,6 +295,22 @@ class Tracer:
             return Leaf("c", r)
         self.fail(f"it returns a {type(r).__name__}")
         return Leaf("c", r)
+
+    def _rebuildable(self, r, struct: Struct) -> Struct:
+        """``struct``, if its container can be made again from its items (a defaultdict, or a
+        dict whose __init__ takes other arguments, cannot: the forward then runs eagerly)."""
+        try:
+            values = (
+                list(r.values())
+                if isinstance(r, dict)
+                else [getattr(r, k) for k in struct.keys]
+                if struct.keys
+                else list(r)
+            )
+            struct.build(values)
+        except Exception:  # noqa: BLE001  (whatever its constructor raises)
+            self.fail(f"it returns a {type(r).__name__}, which cannot be rebuilt from its items")
+        return struct
 
 
 _VALUE_READS = ("item", "tolist", "numpy", "__array__", "__bool__", "__float__", "__int__")
