@@ -75,13 +75,11 @@ def deliver(grads: dict, edge, g) -> None:
 
 
 def release(fn: Op) -> None:
-    """Free what fn saved for its backward (a second backward through it raises). A node that
-    holds a graph of its own (compile's Replay) releases the parts its backward ran itself:
-    a later backward through another of its outputs still runs, as through separate nodes."""
-    if fn.holds_graph:
-        return
-    fn.__dict__.clear()
-    fn.checks, fn.released = (), True
+    """Free what fn saved for its backward (a second backward through it raises); a node that
+    holds a graph (compile's Replay) releases each part as its own backward runs it."""
+    if not fn.holds_graph:
+        fn.__dict__.clear()
+        fn.checks, fn.released = (), True
 
 
 # ----------------------------------------------------------------------------- a node's backward
