@@ -1258,7 +1258,10 @@ def test_a_gradient_taken_inside_the_forward_after_a_warm_up_on_one_example():
 
 def test_a_gradient_taken_inside_the_forward_on_two_different_inputs_runs_eagerly():
     e, c = twins(Forces)
-    with pytest.warns(CompileWarning, match="autograd.grad inside the forward|sets requires_grad on a traced tensor"):
+    with pytest.warns(
+        CompileWarning,
+        match="autograd.grad inside the forward|sets requires_grad on a traced tensor",
+    ):
         for k in range(5):
             a = np.random.default_rng(k).standard_normal((5, 3)).astype(np.float32)
             np.testing.assert_allclose(
