@@ -30,12 +30,17 @@ from tensorgrad import kernels
 from tensorgrad.kernels import cpu_numba as K
 from tensorgrad.kernels import cpu_numba_adamw as KW
 from tensorgrad.kernels import cpu_numba_attention as KA
+from tensorgrad.kernels import numba_math as M
 from tensorgrad.kernels.numba_math import (
     EXP_LO,
     EXP_ULP,
     exp32_array,
     exp32_nonpos_array,
+    rdot,
+    rdot2dev,
     rmax,
+    rsqdev,
+    rsum,
 )
 from tensorgrad.ops import nn as R
 from tensorgrad.optim import adamw_update
@@ -183,6 +188,71 @@ def test_rmax_is_max_through_bits(v):
     assert got == np.max(x, initial=-np.inf)
     if got == 0:  # +0 where x holds one, else -0
         assert np.signbit(got) == (not ((x == 0) & ~np.signbit(x)).any())
+
+
+@numba.njit(error_model="numpy", fastmath={"contract"})
+def _row_sums(a, b, c, m):
+    return (rsum(a), rdot(a, b), rsqdev(a, m), *rdot2dev(a, b, c, m))
+
+
+def _in_order(n, dt, term):
+    """numba_math's row-sum order, one element at a time in Python: UNROLL partial sums of W
+    lanes over whole blocks, leftover vectors into the first, pairwise, lanes halved, tail."""
+    W, U, zero = M.LANE_BYTES // np.dtype(dt).itemsize, M.UNROLL, dt(0)
+    acc = [[zero] * W for _ in range(U)]
+    j = 0
+    for _ in range(n // (U * W)):
+        for u in range(U):
+            acc[u] = [term(j + k, acc[u][k]) for k in range(W)]
+            j += W
+    while j + W <= n:
+        acc[0] = [term(j + k, acc[0][k]) for k in range(W)]
+        j += W
+    tail = zero
+    for i in range(j, n):
+        tail = term(i, tail)
+    v = [(p + q) + (r + s) for p, q, r, s in zip(*acc)]
+    while len(v) > 1:
+        v = [v[k] + v[k + len(v) // 2] for k in range(len(v) // 2)]
+    return v[0] + tail
+
+
+@pytest.mark.parametrize("dts", [("f4", "f4"), ("f8", "f8"), ("f4", "f8")])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 100, 129, 200])
+def test_row_sums_add_in_the_order_their_code_states(n, dts):
+    """rsum, rdot, rsqdev, rdot2dev: vector code in a fixed order (no reassociation, so that a
+    kernel compiled in the process and one loaded from numba's cache agree: issue 49), the
+    same bits as that order computed one element at a time; a float32 row with a float64
+    one sums in float64."""
+    from fractions import Fraction
+
+    g = np.random.default_rng(n)
+    a, c = (g.standard_normal(n).astype(dts[0]) for _ in range(2))
+    b = g.standard_normal(n).astype(dts[1])
+    dt = np.result_type(a, b).type
+    m = dt(0.3)
+
+    def fma(x, y, z):  # x·y + z rounded once, to the nearest of z's type (ties to even)
+        t, exact = type(z), Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        near = t(float(exact))  # (through float64: a float32 may be one off, so look around)
+        around = [np.nextafter(near, t(-np.inf)), near, np.nextafter(near, t(np.inf))]
+        odd = {np.float32: np.int32, np.float64: np.int64}[t]
+        return min(around, key=lambda v: (abs(Fraction(float(v)) - exact), int(v.view(odd)) & 1))
+
+    A, B, C = a.astype(dt), b.astype(dt), c.astype(dt)
+    ta = a.dtype.type  # rsum and rsqdev see a alone (and m in a's dtype)
+    want = (
+        _in_order(n, ta, lambda j, s: s + a[j]),
+        _in_order(n, dt, lambda j, s: fma(A[j], B[j], s)),
+        _in_order(n, ta, lambda j, s: fma(a[j] - ta(m), a[j] - ta(m), s)),
+        _in_order(n, dt, lambda j, s: s + A[j] * B[j]),
+        _in_order(n, dt, lambda j, s: fma(A[j] * B[j], C[j] - m, s)),
+    )
+    got = _row_sums(a, b, c, m)
+    assert [float(x) for x in got] == [float(x) for x in want]
+    AB = A @ B
+    exact = (np.sum(A, dtype=np.float64), AB, ((A - m) ** 2).sum(), AB, (A * B * (C - m)).sum())
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * max(1, n))
 
 
 # ----------------------------------------------------------------------------- softmax family

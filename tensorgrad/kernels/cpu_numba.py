@@ -12,10 +12,12 @@ against its reference.
 
 Rows run in parallel (``prange`` on numba's pool, started passive: TG_KERNEL_THREADS, every
 core by default; one thread below PARALLEL_MIN elements, where waking the pool costs more). Fast-math
-is limited to ``reassoc``, ``contract`` and ``nsz`` (sums may be reordered, multiply-adds
-fused; inf and NaN still propagate as in the reference), and loops that call ``exp32`` use
-``contract`` only (see numba_math). Such loops store e^x and sum it in a second, reassociable
-pass over the row, which is still in L1/L2. Compiled code is cached on disk (``cache=True``,
+is limited to ``contract`` (a multiply-add may be fused; nothing is reordered, inf and NaN
+propagate as in the reference): with ``reassoc`` a kernel compiled in the process and the
+same kernel loaded from numba's cache gave different last bits (numba_math's "One
+computation"). Row sums are numba_math's :func:`rsum` and its kin, vectorised in a fixed
+order; loops that call ``exp32`` store e^x and sum it in a second pass over the row, which
+is still in L1/L2. Compiled code is cached on disk (``cache=True``,
 in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment compiles
 every kernel it meets (a char-small training step: 12-15 s on the 2-core machine of
 benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
@@ -35,12 +37,24 @@ from numba import prange
 from ..autograd import Op
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
 from . import register
-from .numba_math import exp32, exp32_in_place, exp32_nonpos, jit, rmax
+from .numba_math import (
+    exp32,
+    exp32_in_place,
+    exp32_nonpos,
+    jit,
+    rdot,
+    rdot2dev,
+    rmax,
+    rsqdev,
+    rsum,
+)
 
 F32 = np.float32
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-FM = {"reassoc", "contract", "nsz"}  # reorderable sums, FMA; no nnan/ninf: inf/NaN propagate
-EXP_FM = {"contract"}  # exp32's range reduction must not be reassociated
+# The one fast-math flag of every kernel: FMA where the code multiplies and adds. Not
+# reassoc (nor nsz): that let the cached and the freshly compiled copy of a kernel order
+# its sums differently (numba_math's "One computation"); no nnan/ninf: inf/NaN propagate.
+FM = {"contract"}
 
 
 def numpy_array(a):
@@ -136,31 +150,10 @@ def contiguous(a):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-# ----------------------------------------------------------------------------- row reductions
-# Separate functions (not inline="always") so that their reassoc flags stay theirs: LLVM
-# inlines them into the exp32 loops' callers without loosening those loops' flags.
-
-
-@jit(fastmath=FM)
-def rsum(a):
-    s = a.dtype.type(0)
-    for j in range(a.size):
-        s += a[j]
-    return s
-
-
-@jit(fastmath=FM)
-def rdot(a, b):
-    s = a.dtype.type(0)
-    for j in range(a.size):
-        s += a[j] * b[j]
-    return s
-
-
 # ----------------------------------------------------------------------------- softmax family
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
@@ -181,7 +174,7 @@ def _softmax_bwd(g, y, gx):
             o[j] = yi[j] * (gi[j] - d)
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _log_softmax_fwd(x, y):
     for i in prange(x.shape[0]):
         xi, yi = x[i], y[i]
@@ -193,7 +186,7 @@ def _log_softmax_fwd(x, y):
             yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _log_softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
@@ -244,7 +237,7 @@ class NumbaLogSoftmax(Op):
 CE_FLAT = 4096  # logits exponentiated per flat loop (rows of few classes share one)
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _ce_fwd(x, t, loss, mx, ls_out, block):
     """Per row: loss = log Σe^(x-m) - (x[t]-m) (0 where t < 0); keeps m and log Σe^(x-m).
     Rows are exponentiated CE_FLAT elements at a time in one flat loop, which vectorises
@@ -271,7 +264,7 @@ def _ce_fwd(x, t, loss, mx, ls_out, block):
                 loss[i] = F32(ls - (x[i, t[i]] - mx[i])) if t[i] >= 0 else F32(0)
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _ce_bwd(x, t, mx, ls, coef, gx):
     """gx = coef·(softmax(x) - onehot(t)) per row; rows with coef 0 are zeros."""
     n, c = x.shape
@@ -338,10 +331,7 @@ def _ln_row(xi, w, b, eps, yi):
     gpt-nano's 384 rows of 48, family 26 model 2)."""
     c, t = xi.size, xi.dtype.type
     mean = t(rsum(xi) / c)
-    var = t(0)
-    for j in range(c):  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
-        d = xi[j] - mean
-        var += d * d
+    var = rsqdev(xi, mean)  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
     r = t(1) / np.sqrt(var / t(c) + eps)
     for j in range(c):
         yi[j] = (xi[j] - mean) * r * w[j] + b[j]
@@ -375,12 +365,7 @@ def _ln_row_bwd(gi, xi, w, r, o, gwp, gbp):
     feature (tests/test_kernels.py::test_layer_norm_kernel_over_one_feature)."""
     c = xi.size
     mean = xi.dtype.type(rsum(xi) / c)  # as in forward, so x̂ is the forward's x̂
-    s1 = xi.dtype.type(0)  # Σ ĝ
-    s2 = xi.dtype.type(0)  # Σ ĝ·(x - mean)
-    for j in range(c):
-        gh = gi[j] * w[j]
-        s1 += gh
-        s2 += gh * (xi[j] - mean)
+    s1, s2 = rdot2dev(gi, w, xi, mean)  # Σ ĝ and Σ ĝ·(x - mean), ĝ = g·w
     a = s1 / c
     k = s2 * r / c  # mean(ĝ·x̂)
     for j in range(c):
@@ -529,7 +514,7 @@ BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
 # GPT-2 block's passes (cpu_numba_block) inline these.
 
 
-@jit(inline="always", fastmath=EXP_FM)
+@jit(inline="always", fastmath=FM)
 def gelu_tanh(x):
     """0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)), u = √(2/π)(x + 0.044715x³): no
     cancellation at large negative x."""
@@ -537,7 +522,7 @@ def gelu_tanh(x):
     return x / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
 
 
-@jit(inline="always", fastmath=EXP_FM)
+@jit(inline="always", fastmath=FM)
 def gelu_tanh_grad(x):
     """(GELU_tanh(x), its derivative) with one exp: d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with
     σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)."""
@@ -568,7 +553,7 @@ _ERFC = tuple(
 )
 
 
-@jit(inline="always", fastmath=EXP_FM)
+@jit(inline="always", fastmath=FM)
 def _phi(x):
     """Φ(x) = erfc(-x/√2)/2 to about 1e-7 relative error (exact in the lower tail)."""
     z = abs(x) * _R2
@@ -580,20 +565,20 @@ def _phi(x):
     return F32(1) - h if x >= 0 else h
 
 
-@jit(inline="always", fastmath=EXP_FM)
+@jit(inline="always", fastmath=FM)
 def gelu_erf(x):
     """The exact GELU x·Φ(x)."""
     return x * _phi(x)
 
 
-@jit(inline="always", fastmath=EXP_FM)
+@jit(inline="always", fastmath=FM)
 def gelu_erf_grad(x):
     """(x·Φ(x), its derivative Φ(x) + x·φ(x)) with one Φ."""
     p = _phi(x)
     return x * p, p + x * _R2PI * exp32_nonpos(F32(-0.5) * x * x)
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _gelu_tanh_fwd(x, y):
     n = x.size
     for b in prange((n + BLOCK - 1) // BLOCK):
@@ -603,7 +588,7 @@ def _gelu_tanh_fwd(x, y):
             yb[i] = gelu_tanh(xb[i])
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _gelu_tanh_bwd(x, g, gx):
     n = x.size
     for b in prange((n + BLOCK - 1) // BLOCK):
@@ -613,7 +598,7 @@ def _gelu_tanh_bwd(x, g, gx):
             gxb[i] = gb[i] * gelu_tanh_grad(xb[i])[1]
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _gelu_erf_fwd(x, y):
     n = x.size
     for b in prange((n + BLOCK - 1) // BLOCK):
@@ -623,7 +608,7 @@ def _gelu_erf_fwd(x, y):
             yb[i] = gelu_erf(xb[i])
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def _gelu_erf_bwd(x, g, gx):
     n = x.size
     for b in prange((n + BLOCK - 1) // BLOCK):

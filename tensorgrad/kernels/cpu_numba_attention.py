@@ -29,18 +29,8 @@ from numba import prange
 
 from ..autograd import Op
 from . import register
-from .cpu_numba import (
-    EXP_FM,
-    FM,
-    PARALLEL_MIN,
-    kernel_threads,
-    numpy_array,
-    rdot,
-    rmax,
-    rsum,
-    threads_for,
-)
-from .numba_math import exp32, jit
+from .cpu_numba import FM, PARALLEL_MIN, kernel_threads, numpy_array, threads_for
+from .numba_math import exp32, jit, rdot, rmax, rsum
 
 F32 = np.float32
 STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by malloc
@@ -50,7 +40,7 @@ STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by ma
 # serial without the GIL (one call per thread when threads split the heads, see _by_heads).
 
 
-@jit(fastmath=EXP_FM)
+@jit(fastmath=FM)
 def _row_probs(row, scale, lim):
     """row (scores) -> probabilities in place, keys >= lim masked; returns the logsumexp of
     row·scale (-inf for a row that sees no key: it becomes zeros)."""
@@ -72,7 +62,7 @@ def _row_probs(row, scale, lim):
     return lse
 
 
-@jit(fastmath=EXP_FM)
+@jit(fastmath=FM)
 def _row_probs_again(row, scale, lim, lse):
     """row (scores) -> the forward's probabilities e^(row·scale - lse) in place."""
     for j in range(lim):

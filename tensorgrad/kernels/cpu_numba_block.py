@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .cpu_numba import EXP_FM, FM, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, rdot, rsum
-from .numba_math import exp32_in_place, jit
+from .cpu_numba import FM, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from .numba_math import exp32_in_place, jit, rdot, rdot2dev, rsqdev, rsum
 
 F32 = np.float32
 
@@ -26,10 +26,7 @@ def ln_row(xi, w, b, eps, yi):
     """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
     c = xi.size
     mean = F32(rsum(xi) / c)  # float32 (an int divisor promotes: float64 loops, half as wide)
-    var = F32(0)
-    for j in range(c):  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
-        d = xi[j] - mean
-        var += d * d
+    var = rsqdev(xi, mean)  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
     r = F32(1) / np.sqrt(var / F32(c) + eps)
     for j in range(c):
         yi[j] = (xi[j] - mean) * r * w[j] + b[j]
@@ -65,7 +62,7 @@ def residual_bias_add(out, x, bias):
             out[i, j] += x[i, j] + bias[j]
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def bias_gelu_fwd(f, bias, out, erf):
     """f += bias in place (f then holds GELU's input), out = GELU(f): the exact form where
     ``erf``, else the tanh form as x·σ(2u) (cpu_numba.gelu_erf, gelu_tanh)."""
@@ -84,7 +81,7 @@ def bias_gelu_fwd(f, bias, out, erf):
                 oi[j] = gelu_tanh(v)
 
 
-@jit(parallel=True, fastmath=EXP_FM)
+@jit(parallel=True, fastmath=FM)
 def gelu_bwd_bias(f, d, a, parts, erf):
     """d <- d·GELU'(f) in place; a = GELU(f) again, as bias_gelu_fwd computed it
     (recomputed here, where the derivative needs the same exp, rather than kept from the
@@ -124,12 +121,7 @@ def ln_bwd_residual(dy, x, w, mean, rstd, dx, gw_parts, gb_parts):
         gwp, gbp = gw_parts[p], gb_parts[p]
         for i in range(p * n // P, (p + 1) * n // P):
             xi, gi, di, m, r = x[i], dy[i], dx[i], mean[i], rstd[i]
-            s1 = F32(0)  # Σ ĝ, ĝ = dy·w
-            s2 = F32(0)  # Σ ĝ·(x - mean)
-            for j in range(c):
-                gh = gi[j] * w[j]
-                s1 += gh
-                s2 += gh * (xi[j] - m)
+            s1, s2 = rdot2dev(gi, w, xi, m)  # Σ ĝ and Σ ĝ·(x - mean), ĝ = dy·w
             a = F32(s1 / c)
             k = F32(s2 * r / c)  # mean(ĝ·x̂)
             for j in range(c):

@@ -13,9 +13,25 @@ most 1.5 ulp of the float32 result where e^x is a normal float32; 0 below x = -8
 The function must be compiled without ``reassoc`` fast-math: reassociation would fold
 the two-step reduction back into one and lose the low bits of r.
 
-Also here: :func:`rmax`, a float32 row's maximum as a vectorised integer reduction, and
-:func:`jit`, numba's ``njit`` as every CPU kernel compiles, with NumPy's error
-model (see its docstring: it is what lets LLVM vectorise a loop that divides).
+Also here: :func:`rmax`, a float32 row's maximum as a vectorised integer reduction; the row
+sums :func:`rsum`, :func:`rdot`, :func:`rsqdev` and :func:`rdot2dev`, vectorised in an order
+the code fixes (see "One computation" below); and :func:`jit`, numba's ``njit`` as every CPU
+kernel compiles, with NumPy's error model (see its docstring: it is what lets LLVM vectorise
+a loop that divides).
+
+One computation. No cached kernel is compiled with ``reassoc`` (or ``nsz``): LLVM may then
+order a sum or an expression as it likes, and numba optimises the same code twice over. A
+``parallel=True`` kernel's loop body, and any jitted function it calls, is compiled in a
+library of its own and again, inlined, inside its caller's; the process that compiles runs
+the first copy, and numba's cache stores (and every later process loads) the second. With
+``reassoc`` the two copies ordered ``out += x + b`` and the row sums differently, so a run
+whose kernels were compiled in the process and one that loaded them from the cache differed
+in their last bits (issue 49: gpt-train's grad_norm 5.734244346618652 against
+5.7342448234558105 at step 1). Without it every copy computes what the source says: only
+``contract`` (a multiply-add fused where the code writes one) is allowed. Row sums are
+therefore written here as explicit vector code (:func:`_lanes`), since LLVM vectorises a
+plain loop's sum only where it may reassociate it. tests/test_cache_identity.py compares
+every kernel's bits compiled and cached.
 
 Imports: llvmlite, math, numba, numpy.
 """
@@ -27,6 +43,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 
@@ -174,3 +191,186 @@ def rmax(a):
         b = _i32_bits(a[j])
         m = max(m, b ^ ((b >> 31) & _SIGNLESS))
     return _bits_f32(m ^ ((m >> 31) & _SIGNLESS))
+
+
+# ----------------------------------------------------------------------------- row sums
+# Σ over a row as vector code with a fixed order, since no kernel may reassociate (see the
+# module docstring): LANE_BYTES-wide partial sums (16 float32 or 8 float64 lanes), UNROLL of
+# them side by side; element j goes to lane j mod W of partial sum (j div W) mod UNROLL while
+# whole blocks of UNROLL·W elements last, then the remaining whole vectors to the first
+# partial sum, in order. The partial sums are added pairwise, their lanes halved (lane i plus
+# lane i + W/2, ...), and the elements past the last whole vector, summed one by one, last.
+# An AVX2 machine runs the 64-byte vectors as two halves: the same sums, lane for lane.
+# (A loop of 16 scalar accumulators would say the same, but numba leaves LLVM's SLP
+# vectoriser off: it ran scalar, 4x slower than a reassociated loop.)
+LANE_BYTES = 64
+UNROLL = 4
+
+
+def _row_types(arrays, scalars):
+    """The dtype a sum over ``arrays`` runs in (float64 if any of them is, else float32) where
+    they are 1-D C-contiguous float rows and ``scalars`` are numbers; else None (numba then
+    reports no matching signature)."""
+    floats = (types.float32, types.float64)
+    for a in arrays:
+        if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"):
+            return None
+        if a.dtype not in floats:
+            return None
+    if not all(isinstance(s, (types.Float, types.Integer)) for s in scalars):
+        return None
+    return types.float64 if any(a.dtype == types.float64 for a in arrays) else types.float32
+
+
+def _lanes(n_arrays: int, term, n_sums: int = 1):
+    """codegen of ``n_sums`` sums Σ_j term(a[j], b[j], ..., scalars) over ``n_arrays`` rows
+    of a.size elements (the others at least as long), side by side in one pass, each in the
+    order described above, in the signature's float type (a float32 row's elements widened
+    where that is float64). ``term(builder, values, scalars, accs)`` returns the accs with
+    the element's terms added, for vectors and for scalars alike; one sum is returned as a
+    number, several as a tuple."""
+
+    def codegen(context, builder, sig, args):
+        ret = sig.return_type
+        dt = ret.dtype if isinstance(ret, types.UniTuple) else ret
+        fty = context.get_value_type(dt)
+        width = LANE_BYTES // (dt.bitwidth // 8)
+        vty = ir.VectorType(fty, width)
+        intp = context.get_value_type(types.intp)
+        arrtys = sig.args[:n_arrays]
+        rows = [context.make_array(t)(context, builder, v) for t, v in zip(arrtys, args)]
+        datas = [r.data for r in rows]
+        n = builder.extract_value(rows[0].shape, 0)
+        scalars = [
+            context.cast(builder, v, t, dt) for t, v in zip(sig.args[n_arrays:], args[n_arrays:])
+        ]
+        vscalars = [_splat(builder, s, vty) for s in scalars]
+
+        def widen(x, t, ty):
+            return x if t.dtype == dt else builder.fpext(x, ty)
+
+        def load(off):
+            out = []
+            for d, t in zip(datas, arrtys):
+                ety = context.get_value_type(t.dtype)
+                ptr = builder.bitcast(builder.gep(d, [off]), ir.VectorType(ety, width).as_pointer())
+                out.append(widen(builder.load(ptr, align=t.dtype.bitwidth // 8), t, vty))
+            return out
+
+        def add_terms(cells, values, scalars):
+            new = term(builder, values, scalars, [builder.load(c) for c in cells])
+            for c, v in zip(cells, new):
+                builder.store(v, c)
+
+        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
+        accs = [  # accs[u][k]: partial sum u of sum k
+            [cgutils.alloca_once_value(builder, zero) for _ in range(n_sums)] for _ in range(UNROLL)
+        ]
+        block = ir.Constant(intp, UNROLL * width)
+        nblocks = builder.udiv(n, block)
+        with cgutils.for_range(builder, nblocks) as loop:
+            base = builder.mul(loop.index, block)
+            for u in range(UNROLL):
+                add_terms(accs[u], load(builder.add(base, ir.Constant(intp, u * width))), vscalars)
+        done = builder.mul(nblocks, block)
+        w = ir.Constant(intp, width)
+        nvec = builder.udiv(builder.sub(n, done), w)
+        with cgutils.for_range(builder, nvec) as loop:
+            add_terms(accs[0], load(builder.add(done, builder.mul(loop.index, w))), vscalars)
+        tails = [cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0)) for _ in range(n_sums)]
+        start = builder.add(done, builder.mul(nvec, w))
+        one = ir.Constant(intp, 1)
+        with cgutils.for_range_slice(builder, start, n, one, intp=intp) as (j, _):
+            vals = [widen(builder.load(builder.gep(d, [j])), t, fty) for d, t in zip(datas, arrtys)]
+            add_terms(tails, vals, scalars)
+        sums = []
+        for k in range(n_sums):
+            v = [builder.load(accs[u][k]) for u in range(UNROLL)]
+            while len(v) > 1:  # partial sums pairwise
+                v = [builder.fadd(v[i], v[i + 1]) for i in range(0, len(v), 2)]
+            v = v[0]
+            half = width
+            while half > 1:  # lanes halved
+                half //= 2
+                lo = builder.shuffle_vector(v, v, _mask(0, half))
+                hi = builder.shuffle_vector(v, v, _mask(half, 2 * half))
+                v = builder.fadd(lo, hi)
+            first = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+            sums.append(builder.fadd(first, builder.load(tails[k])))
+        return sums[0] if n_sums == 1 else context.make_tuple(builder, ret, sums)
+
+    return codegen
+
+
+def _fma(builder, x, y, z):
+    """x·y + z rounded once (llvm.fma, on scalars and vectors alike)."""
+    t = x.type
+    suffix = (
+        f"v{t.count}{t.element.intrinsic_name}"
+        if isinstance(t, ir.VectorType)
+        else t.intrinsic_name
+    )
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(t, [t, t, t]), f"llvm.fma.{suffix}"
+    )
+    return builder.call(fn, [x, y, z])
+
+
+def _mask(lo, hi):
+    """The shuffle mask picking lanes lo..hi-1."""
+    return ir.Constant(ir.VectorType(ir.IntType(32), hi - lo), list(range(lo, hi)))
+
+
+def _splat(builder, x, vty):
+    """The vector <W x float> of W copies of x."""
+    v = ir.Constant(vty, ir.Undefined)
+    for i in range(vty.count):
+        v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), i))
+    return v
+
+
+@intrinsic
+def rsum(typingctx, a):
+    """Σ a[j] over a 1-D C-contiguous float row, in the fixed vector order above."""
+    dt = _row_types([a], [])
+    if dt is None:
+        return None
+    return dt(a), _lanes(1, lambda bl, x, s, acc: [bl.fadd(acc[0], x[0])])
+
+
+@intrinsic
+def rdot(typingctx, a, b):
+    """Σ a[j]·b[j] (each product fused into the partial sum: one rounding)."""
+    dt = _row_types([a, b], [])
+    if dt is None:
+        return None
+    return dt(a, b), _lanes(2, lambda bl, x, s, acc: [_fma(bl, x[0], x[1], acc[0])])
+
+
+@intrinsic
+def rsqdev(typingctx, a, m):
+    """Σ (a[j] - m)² (a row's variance times its length, around its mean m)."""
+    dt = _row_types([a], [m])
+    if dt is None:
+        return None
+
+    def term(bl, x, s, acc):
+        d = bl.fsub(x[0], s[0])
+        return [_fma(bl, d, d, acc[0])]
+
+    return dt(a, m), _lanes(1, term)
+
+
+@intrinsic
+def rdot2dev(typingctx, a, b, c, m):
+    """(Σ ĝ, Σ ĝ·(c[j] - m)) with ĝ = a[j]·b[j] rounded, in one pass: LayerNorm backward's
+    row sums (a = g, b = w, c = x, m = the row's mean)."""
+    dt = _row_types([a, b, c], [m])
+    if dt is None:
+        return None
+
+    def term(bl, x, s, acc):
+        gh = bl.fmul(x[0], x[1])
+        return [bl.fadd(acc[0], gh), _fma(bl, gh, bl.fsub(x[2], s[0]), acc[1])]
+
+    return types.UniTuple(dt, 2)(a, b, c, m), _lanes(3, term, n_sums=2)
