@@ -21,14 +21,15 @@ Two parts, as torch.compile's guards have them:
 Code of tensorgrad's internals (ops, kernels, the tape), of NumPy and numba and of the standard
 library is not listed: what it reads is recorded as ops and kernels, or never changes.
 
-Imports: collections, contextvars, dataclasses, dis, functools, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor, ..types.
+Imports: argparse, collections, contextvars, dis, functools, gc, random, sys, types, numpy, ..autograd, ..devices, ..tensor, ..types.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import collections.abc
 import contextvars
-import dataclasses
 import dis
 import functools
 import gc
@@ -214,6 +215,7 @@ def guarded_code(frame) -> bool:
 
 
 _GENERATORS = (random.Random, np.random.Generator, np.random.RandomState)
+_DICTS = (dict, types.MappingProxyType)  # containers read with .get
 
 
 class StateGuards:
@@ -237,6 +239,7 @@ class StateGuards:
         ident = (id(container if owner is None else owner), key)
         if ident in self._seen:
             return
+        self._fast = None  # (made again from items at the next check)
         self._seen.add(ident)
         value = _read(container, key)
         item = [label, container, key, value, _copy(value)]
@@ -251,7 +254,18 @@ class StateGuards:
 
     def changed(self) -> str | None:
         epoch = model_epoch[0]
-        what = self._check(self.items)
+        fast = self.__dict__.get("_fast")
+        if fast is None:  # (dict entries held by identity: one tight loop, no calls)
+            quick = [type(c) in _DICTS and it[4] is MISSING for it in self.items for c in it[1:2]]
+            fast = self._fast = [(c, k, v) for (_, c, k, v, _), q in zip(self.items, quick) if q]
+            self._rest = [it for it, q in zip(self.items, quick) if not q]
+        for container, key, expected in fast:
+            if container.get(key, MISSING) is not expected:
+                what = self._check(self.items)  # which, and an equal value reassigned
+                self._fast = None  # (expected values may have been updated)
+                break
+        else:
+            what = self._check(self._rest)
         if what is None and epoch != self.epoch:
             what = self._check(self.settled)
             if what is None:
@@ -303,7 +317,7 @@ def _copy(value, depth: int = 4):
         if isinstance(value, tuple) and all(is_plain(v) for v in value):
             return MISSING  # immutable: identity or equality says it all
         return [_item(v, depth) for v in value] if len(value) <= SMALL else MISSING
-    if isinstance(value, dict):
+    if isinstance(value, (dict, collections.abc.Mapping)):  # (os.environ too)
         return {k: _item(v, depth) for k, v in value.items()} if len(value) <= SMALL else MISSING
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
         return MISSING
@@ -313,10 +327,11 @@ def _copy(value, depth: int = 4):
         return ("partial", id(value.func), _item(value.args, depth), _item(value.keywords, depth))
     if isinstance(value, types.MethodType):  # a bound method: the state of its object
         return ("method", id(value.__func__), _item(value.__self__, depth))
-    if getattr(type(value), "guard_by_identity", False) or _library_callable(value):
-        return MISSING  # compile's own forward; a library's callable (a numba dispatcher)
-    if dataclasses.is_dataclass(value):  # (with __slots__ too)
-        fields = {f.name: getattr(value, f.name, MISSING) for f in dataclasses.fields(value)}
+    if getattr(type(value), "guard_by_identity", False) or _library_object(value):
+        return MISSING  # compile's own forward; a library's object (tg.float, a dispatcher)
+    dataclass_fields = getattr(type(value), "__dataclass_fields__", None)
+    if dataclass_fields is not None:  # (with __slots__ too)
+        fields = {name: getattr(value, name, MISSING) for name in dataclass_fields}
     else:
         fields = getattr(value, "__dict__", None)
         slots = [n for k in type(value).__mro__ for n in _names(getattr(k, "__slots__", ()))]
@@ -327,11 +342,14 @@ def _copy(value, depth: int = 4):
     return {k: _item(v, depth) for k, v in fields.items()} if len(fields) <= SMALL else MISSING
 
 
-def _library_callable(value) -> bool:
-    """A callable object of tensorgrad's internals, NumPy, numba or the standard library:
-    guarded by identity (its state is its library's, and may change as it caches)."""
+def _library_object(value) -> bool:
+    """An object of tensorgrad's internals, NumPy, numba or the standard library (a dtype, a
+    numba dispatcher): guarded by identity (its state is its library's, and may change as it
+    caches); the standard library's namespaces (a config) are guarded by their fields."""
+    if isinstance(value, (types.SimpleNamespace, argparse.Namespace)):
+        return False
     name = getattr(type(value), "__module__", "") or ""
-    return callable(value) and (name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB)
+    return name.startswith(_INTERNAL) or name.partition(".")[0] in _STDLIB
 
 
 def _names(slots) -> list:
