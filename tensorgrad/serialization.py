@@ -10,7 +10,7 @@ bytes, and only the arrays the JSON names are read (each once, at its offsets). 
 is one ``ValueError`` line: "load: <path> is not a tensorgrad file: ..." or "... is corrupt: ...".
 
 Imports: argparse, contextlib, dataclasses, enum, errno, json, math, numpy, os, pathlib,
-safetensors, secrets, stat, types, .devices, .tensor.
+safetensors, secrets, stat, types, .devices, .tensor, .types.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from safetensors.numpy import save as st_save
 
 from .devices import to_device, to_numpy
 from .tensor import Tensor
+from .types import rebuild_dataclass
 
 _KEY = "tensorgrad.json"
 MAX_HEADER = 100 << 20  # bytes of JSON; a state dict with 10,000 tensors needs about 1 MB
@@ -195,12 +196,7 @@ def _rebuild(spec: dict, fields: dict):
             return obj
         if kind == "namedtuple":
             return cls(**fields)
-        init = {f.name for f in dataclasses.fields(cls) if f.init}
-        obj = cls(**{k: v for k, v in fields.items() if k in init})
-        for k, v in fields.items():
-            if k not in init:
-                object.__setattr__(obj, k, v)
-        return obj
+        return rebuild_dataclass(cls, fields)
     except (TypeError, ValueError) as e:
         raise _Refused(f"holds a {name} that its class does not take back: {e}") from None
 

@@ -6,10 +6,12 @@ its ``.dtype``), it equals the NumPy dtype and its scalar type (``x.dtype == np.
 and it answers NumPy's attributes (``kind``, ``itemsize``). A ``device`` is a ``str`` ('cpu'
 or 'cuda') with PyTorch's ``.type`` and ``.index``.
 
-Imports: numpy, .devices, .tensor_inplace.
+Imports: dataclasses, numpy, .devices, .tensor_inplace.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -168,3 +170,14 @@ class Size(tuple):
         return f"torch.Size({list(self)})"
 
     __str__ = __repr__
+
+
+def rebuild_dataclass(cls, fields: dict):
+    """An instance of dataclass ``cls`` from its fields: the init fields through ``__init__``
+    (so __post_init__ runs), the others set after (compile's outputs, a loaded checkpoint)."""
+    init = {f.name for f in dataclasses.fields(cls) if f.init}
+    obj = cls(**{k: v for k, v in fields.items() if k in init})
+    for k, v in fields.items():
+        if k not in init:
+            object.__setattr__(obj, k, v)
+    return obj

@@ -23,7 +23,8 @@ An array that is none of these (a causal mask, position ids) is a constant of th
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
 
-Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..ops, ..tensor.
+Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..ops, ..tensor,
+..types.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .. import devices
 from ..autograd import graph as tape
 from ..ops.shape import GetItem
 from ..tensor import Tensor
+from ..types import rebuild_dataclass
 from .guards import guarded_code, is_plain
 
 RANDOM_OPS = ("dropout",)  # ops that draw from the generator inside their forward
@@ -99,13 +101,7 @@ class Struct:
             return cls(*values) if hasattr(cls, "_fields") else cls(values)
         if issubclass(cls, dict):
             return cls(zip(self.keys, values))
-        fields = dict(zip(self.keys, values))  # a dataclass
-        init = {f.name for f in dataclasses.fields(cls) if f.init}
-        obj = cls(**{k: v for k, v in fields.items() if k in init})
-        for k, v in fields.items():
-            if k not in init:
-                object.__setattr__(obj, k, v)
-        return obj
+        return rebuild_dataclass(cls, dict(zip(self.keys, values)))  # a dataclass
 
 
 @dataclass
