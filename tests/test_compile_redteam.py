@@ -27,11 +27,11 @@ CALLS = 6
 
 
 # ----------------------------------------------------------------------------- harness
-def _run(fn, params, x):
-    """fn(x)'s outputs and the gradients of sum(out * w) (a fixed w) for x and params."""
+def _run(fn, params, x, *extra):
+    """fn(x, *extra)'s tensor outputs and the gradients of sum(out * w) for params and x."""
     for t in [*params, x]:
         t.grad = None
-    out = fn(x)
+    out = fn(x, *extra)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     loss = None
     for o in outs:
@@ -49,29 +49,29 @@ def _same(got, want, what):
     assert len(got[0]) == len(want[0]) and len(got[1]) == len(want[1]), what
     for a, b in zip(got[0], want[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=what)
-    for a, b in zip(got[1], want[1]):
-        assert (a is None) == (b is None), what
+    for k, (a, b) in enumerate(zip(got[1], want[1])):
+        assert (a is None) == (b is None), f"{what}: gradient {k} is None on one side only"
         if a is not None:
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=what)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{what}, grad {k}")
 
 
-def compare(eager, compiled, change=None, calls=CALLS, shape=(3, 4), seed=None):
-    """eager and compiled agree over ``calls`` calls; ``change(k)`` runs before call k (it
-    changes the state both read). ``seed(k)`` (optional) reseeds before each side's call."""
+def compare(eager, compiled, change=None, calls=CALLS, shape=(3, 4), seed=None, extra=()):
+    """eager and compiled agree over ``calls`` calls; ``change(k)`` runs before call k.
+    ``shape`` may be a function of k; ``seed(k)`` reseeds before each side's call."""
     p_e = list(eager.parameters()) if isinstance(eager, nn.Module) else []
     p_c = list(compiled.parameters()) if isinstance(compiled, nn.Module) else []
     rng = np.random.default_rng(0)
     for k in range(calls):
         if change is not None:
             change(k)
-        a = rng.standard_normal(shape).astype(np.float32)
+        a = rng.standard_normal(shape(k) if callable(shape) else shape).astype(np.float32)
         x_e, x_c = tg.tensor(a, requires_grad=True), tg.tensor(a, requires_grad=True)
         if seed is not None:
             seed(k)
-        want = _run(eager, p_e, x_e)
+        want = _run(eager, p_e, x_e, *extra)
         if seed is not None:
             seed(k)
-        got = _run(compiled, p_c, x_c)
+        got = _run(compiled, p_c, x_c, *extra)
         _same(got, want, f"call {k}")
 
 

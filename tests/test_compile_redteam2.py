@@ -24,79 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from test_compile_redteam import CALLS, _run, _same, both, compare, twins  # noqa: E402
 
 import tensorgrad as tg
 import tensorgrad.nn.functional as F
 from tensorgrad import nn
 from tensorgrad.compiler import CompileWarning, compiled_forward
 
-CALLS = 6
-
 
 # ----------------------------------------------------------------------------- harness
-def _run(fn, params, x, *extra):
-    """fn(x, *extra)'s tensor outputs and the gradients of sum(out * w) for params and x."""
-    for t in [*params, x]:
-        t.grad = None
-    out = fn(x, *extra)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    loss = None
-    for o in outs:
-        if isinstance(o, tg.Tensor) and o.requires_grad:
-            w = np.linspace(-1, 1, o.numel(), dtype=np.float32).reshape(o.shape)
-            term = (o * tg.tensor(w)).sum()
-            loss = term if loss is None else loss + term
-    if loss is not None:
-        loss.backward()
-    grads = [None if t.grad is None else t.grad.numpy().copy() for t in [*params, x]]
-    return [o.detach().numpy().copy() for o in outs if isinstance(o, tg.Tensor)], grads
-
-
-def _same(got, want, what):
-    assert len(got[0]) == len(want[0]) and len(got[1]) == len(want[1]), what
-    for a, b in zip(got[0], want[0]):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=what)
-    for k, (a, b) in enumerate(zip(got[1], want[1])):
-        assert (a is None) == (b is None), f"{what}: gradient {k} is None on one side only"
-        if a is not None:
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{what}, grad {k}")
-
-
-def compare(eager, compiled, change=None, calls=CALLS, shape=(3, 4), seed=None, extra=()):
-    """eager and compiled agree over ``calls`` calls; ``change(k)`` runs before call k.
-    ``shape`` may be a function of k; ``seed(k)`` reseeds before each side's call."""
-    p_e = list(eager.parameters()) if isinstance(eager, nn.Module) else []
-    p_c = list(compiled.parameters()) if isinstance(compiled, nn.Module) else []
-    rng = np.random.default_rng(0)
-    for k in range(calls):
-        if change is not None:
-            change(k)
-        a = rng.standard_normal(shape(k) if callable(shape) else shape).astype(np.float32)
-        x_e, x_c = tg.tensor(a, requires_grad=True), tg.tensor(a, requires_grad=True)
-        if seed is not None:
-            seed(k)
-        want = _run(eager, p_e, x_e, *extra)
-        if seed is not None:
-            seed(k)
-        got = _run(compiled, p_c, x_c, *extra)
-        _same(got, want, f"call {k}")
-
-
-def twins(make):
-    """An eager module and a compiled deep copy of it (equal weights)."""
-    eager = make()
-    return eager, tg.compile(copy.deepcopy(eager))
-
-
-def both(*mods):
-    """change(k) helper: f(m, k) on each module."""
-
-    def wrap(f):
-        return lambda k: [f(m, k) for m in mods]
-
-    return wrap
-
-
+# (the first red team's: each side's outputs and every gradient, call after call)
 def at(k0, f):
     """change(m, k) that runs f(m) before call k0 only."""
     return lambda m, k: f(m) if k == k0 else None
