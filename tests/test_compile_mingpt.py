@@ -24,6 +24,7 @@ from test_compile_patterns import (
     compare_fn,
     compare_gpt,
     fused,
+    training_calls,
     twins,
 )
 
@@ -354,25 +355,6 @@ def config(n_head=2, n_embd=16, pdrop=0.0, n_layer=2):
     return C
 
 
-def calls(compiled, eager, n, rng, T=8, what=""):
-    """n training calls of both: logits, loss and every gradient agree."""
-    for call in range(n):
-        idx = torch.tensor(rng.integers(0, 11, (2, T)))
-        tgt = torch.tensor(rng.integers(0, 11, (2, T)))
-        outs = []
-        for m in (compiled, eager):
-            m.zero_grad()
-            logits, loss = m(idx, tgt)
-            loss.backward()
-            grads = {n: p.grad.numpy() for n, p in m.named_parameters()}
-            outs.append((logits.detach().numpy(), loss.item(), grads))
-        (lg, ls, gg), (lw, lsw, gw) = outs
-        assert_close(lg, lw, f"logits, {what}call {call}")
-        assert_close(ls, lsw, f"loss, {what}call {call}")
-        for name in gw:
-            assert_close(gg[name], gw[name], f"grad of {name}, {what}call {call}")
-
-
 def summary(model) -> dict:
     return compiled_forward(model).summary()
 
@@ -427,7 +409,7 @@ def test_a_mask_buffer_changed_after_the_plan_is_not_replayed_stale(change):
     fused; the mask put back, both are fused again. Compiled equals eager throughout."""
     compiled, eager = twins(lambda: GPT(config()))
     rng = np.random.default_rng(3)
-    calls(compiled, eager, 3, rng)
+    training_calls(compiled, eager, 3, rng)
     assert summary(compiled)["patterns"] == fused(2)
     for m in (compiled, eager):
         bias = m.transformer.h[0].attn.bias
@@ -438,7 +420,7 @@ def test_a_mask_buffer_changed_after_the_plan_is_not_replayed_stale(change):
             m.transformer.h[0].attn.bias = torch.tensor(new)
         else:
             window(bias)
-    calls(compiled, eager, 3, rng, what="after the change: ")
+    training_calls(compiled, eager, 3, rng, what="after the change: ")
     s = summary(compiled)
     if change == "replaced":
         s = {**s, "compiled": s["compiled"] - 1, "patterns": s["patterns"][-1:]}
@@ -451,7 +433,7 @@ def test_a_mask_buffer_changed_after_the_plan_is_not_replayed_stale(change):
     if change == "in place and back":
         for m in (compiled, eager):
             causal(m.transformer.h[0].attn.bias)
-        calls(compiled, eager, 2, rng, what="put back: ")
+        training_calls(compiled, eager, 2, rng, what="put back: ")
         assert summary(compiled)["patterns"] == fused(2)
 
 
@@ -463,7 +445,7 @@ def test_a_mask_buffer_changed_every_call_stops_being_folded():
     for call in range(12):
         for m in (compiled, eager):
             (causal if call % 2 else window)(m.transformer.h[0].attn.bias)
-        calls(compiled, eager, 1, rng, what=f"round {call}: ")
+        training_calls(compiled, eager, 1, rng, what=f"round {call}: ")
     s = summary(compiled)
     assert s["compiled"] == 1 and s["eager"] == [], s
     assert BLOCK not in s["patterns"][0] and ATTENTION not in s["patterns"][0], s

@@ -193,8 +193,13 @@ def compare_gpt(make, B=2, T=8, calls=4):
     """A compiled and an eager GPT of equal weights over ``calls`` training calls: logits,
     loss and every parameter's gradient agree. Returns the compiled one's patterns."""
     compiled, eager = twins(make)
-    rng = np.random.default_rng(1)
-    for call in range(calls):
+    training_calls(compiled, eager, calls, np.random.default_rng(1), B, T)
+    return compiled_forward(compiled).summary()["patterns"]
+
+
+def training_calls(compiled, eager, n, rng, B=2, T=8, what=""):
+    """n training calls of both GPTs: logits, loss and every parameter's gradient agree."""
+    for call in range(n):
         idx = torch.tensor(rng.integers(0, 11, (B, T)))
         tgt = torch.tensor(rng.integers(0, 11, (B, T)))
         outs = []
@@ -205,12 +210,11 @@ def compare_gpt(make, B=2, T=8, calls=4):
             grads = {n: p.grad.numpy() for n, p in m.named_parameters()}
             outs.append((logits.detach().numpy(), loss.item(), grads))
         (lg, ls, gg), (lw, lw_loss, gw) = outs
-        assert_close(lg, lw, f"logits, call {call}")
-        assert_close(ls, lw_loss, f"loss, call {call}")
+        assert_close(lg, lw, f"logits, {what}call {call}")
+        assert_close(ls, lw_loss, f"loss, {what}call {call}")
         assert gg.keys() == gw.keys()
-        for n in gw:
-            assert_close(gg[n], gw[n], f"grad of {n}, call {call}")
-    return compiled_forward(compiled).summary()["patterns"]
+        for name in gw:
+            assert_close(gg[name], gw[name], f"grad of {name}, {what}call {call}")
 
 
 def compare_fn(make, inputs, calls=4, between=None):
