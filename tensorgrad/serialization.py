@@ -124,11 +124,11 @@ def _encode(obj, arrays: dict, path: str, depth: int = 0):
 
 
 # ----------------------------------------------------------------------------- objects as data
-# A checkpoint's config object (build-nanogpt saves its GPTConfig dataclass) is stored as its
-# class's name and its fields. load() gives back the fields as a plain dict, or the object
-# itself where its class was allowed (as torch.load(weights_only=True) with
-# torch.serialization.add_safe_globals): a class is found by its name among the allowed ones
-# only, never imported by a name read from the file.
+# A checkpoint's config object (build-nanogpt saves its GPTConfig dataclass) is stored as
+# JSON: its class's name and its fields (no pickle, here or anywhere). load() gives back the
+# fields as a plain dict, or the object itself where the user allowed its class with
+# add_safe_globals (PyTorch's names for its weights-only loading): a class is found by its
+# name among the allowed ones only, never imported by a name read from the file.
 _SAFE: dict = {}  # class name -> class
 
 
