@@ -48,8 +48,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(C, C, bias=config.bias)  # W_O
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head, self.n_embd, self.dropout = config.n_head, C, config.dropout
-        self.fused = True  # False: the explicit q·kᵀ -> mask -> softmax -> ·v path
+        self.n_head, self.n_embd = config.n_head, C
 
     def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
         B, T, C = x.shape
@@ -60,19 +59,13 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, nh, S, hs)
-        p = self.dropout if self.training else 0.0
-        if self.fused:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None
-            )
-        else:
-            S = k.shape[2]
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            allowed = mask if mask is not None else F.causal_mask(get_array_module(x), T, S)
-            att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))
-            att = F.softmax(att, dim=-1)
-            att = self.attn_dropout(att)
-            y = att @ v  # (B, nh, T, hs)
+        S = k.shape[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S) scores
+        allowed = mask if mask is not None else F.causal_mask(get_array_module(x), T, S)
+        att = att.masked_fill(~tg.Tensor(allowed), float("-inf"))  # no looking ahead
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -199,7 +192,9 @@ class GPT(nn.Module):
             am = as_array(attention_mask).astype(bool)
             if am.shape != (B, S):
                 raise ValueError(f"attention_mask must have shape {(B, S)}, got {tuple(am.shape)}")
-            allowed = allowed & am[:, None, :]  # padded keys get no attention
+            own = xp.arange(S)[None, :] == xp.arange(offset, S)[:, None]  # (T, S) own key
+            allowed = allowed & (am[:, None, :] | own)  # padded keys unseen (a padded row
+            # sees itself alone, so that its softmax is defined: its output is never read)
         if doc_sep is not None:
             # a separator ends its document: doc id = separators strictly before t
             sep = idx == doc_sep
@@ -252,10 +247,6 @@ class GPT(nn.Module):
             raise ValueError(f"targets must have shape {(B, T)}, got {tuple(targets.shape)}")
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1).long(), ignore_index=-1)
         return logits, loss
-
-    def set_fused_attention(self, fused: bool) -> None:
-        for block in self.transformer.h:
-            block.attn.fused = fused
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self, weight_decay: float, learning_rate: float, betas=(0.9, 0.95)):

@@ -361,12 +361,12 @@ def test_a_compiled_gpt_trains_as_the_eager_one(dropout):
 
 
 @pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
-def test_a_gpt_with_its_attention_written_out_gets_the_fused_block():
-    """set_fused_attention(False): the written attention becomes one attention op
-    (CausalAttention), which the block pattern then reads as the stock block's."""
-    compiled, eager = gpt_pair()
-    for m in (compiled, eager):
-        m.set_fused_attention(False)
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_gpts_written_attention_compiles_to_one_attention_op(dropout):
+    """gpt/model.py writes its attention out (scores, mask, softmax, dropout, ·v): compiled, it
+    is one attention op (CausalAttention, with its dropout CausalAttentionDropout: the same
+    draws from the generator, the same masks), which the block pattern reads at dropout 0."""
+    compiled, eager = gpt_pair(dropout=dropout)
     tg.compile(compiled)
     tg.manual_seed(1)
     got = adamw_steps(compiled)
@@ -377,7 +377,10 @@ def test_a_gpt_with_its_attention_written_out_gets_the_fused_block():
         w = want[1][name]
         assert np.abs(got[1][name] - w).max() <= 1e-3 * np.abs(w).max(), name
     s = compiled_forward(compiled).summary()
-    assert s["patterns"][-1] == {"GPT-2 blocks as the fused block kernel": 2}, s["patterns"]
+    if dropout:
+        assert s["patterns"][-1]["causal attentions with dropout as one attention op"] == 2
+    else:
+        assert s["patterns"][-1] == {"GPT-2 blocks as the fused block kernel": 2}, s["patterns"]
 
 
 # (class-level edits of the GPT, compiled and eager: tests/test_model_edits.py)
@@ -811,7 +814,7 @@ def test_a_row_step_with_an_array_constant_ends_the_row_program():
 
 
 def written_attention(allowed, scale):
-    """Causal attention as a learner writes it out (gpt.model's set_fused_attention(False))."""
+    """Causal attention as a learner writes it out (as gpt/model.py does)."""
 
     def f(q, k, v):
         att = (q @ k.transpose(-2, -1)) * scale

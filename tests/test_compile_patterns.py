@@ -398,6 +398,44 @@ def test_a_near_miss_is_not_fused_and_runs_as_written(how):
     assert BLOCK not in got and ATTENTION not in got, got
 
 
+class DroppedAttention(nn.Module):
+    """gpt/model.py's attention with dropout between the softmax and ·v; ``interleaved``: a
+    second dropout drawn between the two, which the fused op's draw must not move past."""
+
+    def __init__(self, interleaved: bool):
+        super().__init__()
+        self.interleaved = interleaved
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, q, k, v, z):
+        T = q.shape[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        att = att.masked_fill(~torch.Tensor(F.causal_mask(np, T, T)), float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        z = self.drop(z) if self.interleaved else z
+        return att @ v, z
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["alone", "interleaved"])
+def test_attention_dropout_is_the_ops_dropout_and_keeps_the_draws_in_order(interleaved):
+    compiled, eager = twins(lambda: DroppedAttention(interleaved))
+    rng = np.random.default_rng(3)
+    for call in range(3):
+        arrays = [rng.standard_normal((2, 2, 6, 4)).astype(np.float32) for _ in range(4)]
+        res = []
+        for m in (compiled, eager):
+            torch.manual_seed(call)  # the same draws for both
+            xs = [torch.tensor(a, requires_grad=True) for a in arrays]
+            y, z = m(*xs)
+            (y.sum() + (z * z).sum()).backward()
+            res.append([y.detach().numpy(), z.detach().numpy()] + [x.grad.numpy() for x in xs])
+        for k, (g, w) in enumerate(zip(*res)):
+            assert_close(g, w, f"value {k}, call {call}")
+    got = compiled_forward(compiled).summary()["patterns"][-1]
+    label = patterns.CausalAttentionDropout.label
+    assert got == ({} if interleaved or not ON else {label: 1}), got
+
+
 # ----------------------------------------------------------------------------- the matcher
 
 
@@ -497,6 +535,7 @@ def test_every_pattern_binds_what_it_names():
     assert [p.__name__ for p in patterns.PATTERNS] == [
         "WrittenGelu",  # (first: the block reads the one GELU op it makes, and
         "CausalAttention",  # the one attention op this one makes)
+        "CausalAttentionDropout",
         "GPT2Block",
         "AddLayerNormPattern",
     ]

@@ -78,15 +78,11 @@ def stage(r, key):
 
 
 def model_loss(model, tok) -> float:
-    """The model's own loss on the prompt, its code as written (no fused attention or block)."""
+    """The model's own loss on the prompt, its code as written."""
     ids = tok.encode(PROMPT)
     model.eval()
-    model.set_fused_attention(False)
-    try:
-        with tg.no_grad():
-            _, loss = model(np.asarray([ids[:-1]]), np.asarray([ids[1:]]))
-    finally:
-        model.set_fused_attention(True)
+    with tg.no_grad():
+        _, loss = model(np.asarray([ids[:-1]]), np.asarray([ids[1:]]))
     return float(loss.item())
 
 
@@ -106,7 +102,6 @@ def test_the_reported_loss_is_the_models_own(tok):
 def test_explain_leaves_the_model_as_it_was(tok):
     model = tiny(tok)
     explain(model, tok, PROMPT, checks=0)
-    assert all(b.attn.fused for b in model.transformer.h)
     assert not any(m.has_forward_hooks() for m in model.modules())
 
 

@@ -163,9 +163,6 @@ def test_compile_emits_the_block_kernel_for_the_stock_block_only(monkeypatch):
     assert "NumbaGPT2Block" not in compiled_kernels(gpt(dropout=0.1))  # dropout in training
     assert compiled_kernels(gpt(gelu="none")).count("NumbaGPT2Block") == 2  # the exact GELU
     assert "NumbaGPT2Block" not in compiled_kernels(gpt(), doc_sep=3)  # a document mask
-    model = gpt()
-    model.set_fused_attention(False)  # the explicit scores -> mask -> softmax path: one
-    assert compiled_kernels(model).count("NumbaGPT2Block") == 2  # attention op, the same block
 
     class Adapter(tg.nn.Linear):  # a replaced submodule (e.g. LoRA) runs its own forward
         def forward(self, y):

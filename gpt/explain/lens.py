@@ -10,7 +10,7 @@
 - ``after_step``: after the update, the same prompt again: the loss, the picked head's
   attention and the picked position's next-token probabilities, to set beside the step's own.
 
-All run the model's own forward (its code as written: gpt.explain.record.as_written) without
+All run the model's own forward (its code as written, op by op) without
 gradient, dropout off; hooks reach inside it (a block made to hand on its input, a head's slice
 zeroed), so an edit to the model's code shows here too.
 """
@@ -24,7 +24,7 @@ import numpy as np
 import tensorgrad as tg
 
 from .arrays import host
-from .record import as_written, record
+from .record import record
 from .stages import stages
 
 
@@ -70,7 +70,7 @@ def logit_lens(model, idx, targets, ids, decode, top_k: int = 3) -> dict:
 
 
 def _forward(model, idx, targets):
-    with as_written(model), tg.no_grad():
+    with tg.no_grad():
         return model(idx, targets)
 
 

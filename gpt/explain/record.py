@@ -1,8 +1,7 @@
 """gpt-explain's forward: the model's own forward, run once and watched.
 
-``record(model, idx, targets)`` calls ``model(idx, targets)`` with the code as written, op by op
-(``as_written``: the explicit attention path, so no fused block or fused attention stands in for
-it), a forward hook on every module, and an op observer (``tensorgrad.autograd.record_ops``). It
+``record(model, idx, targets)`` calls ``model(idx, targets)``, its code as written, op by op,
+with a forward hook on every module and an op observer (``tensorgrad.autograd.record_ops``). It
 returns what ran as a tree of ``Call``: per module call its inputs, its output and, in the order
 they ran, the calls of its children and the groups of its own ops (``OpGroup``: the ops of one
 statement of its code, e.g. ``att = F.softmax(att, dim=-1)``), each with the statement that ran
@@ -84,20 +83,6 @@ def caller_place(frame) -> tuple:
     return statement(f.f_code.co_filename, f.f_lineno)
 
 
-@contextlib.contextmanager
-def as_written(model):
-    """The model's code as written, op by op: every module's ``fused`` flag (the attention's
-    scaled_dot_product_attention, which the fused GPT-2 block needs too) off, then as it was."""
-    flags = [(m, m.fused) for m in model.modules() if isinstance(getattr(m, "fused", None), bool)]
-    for m, _ in flags:
-        m.fused = False
-    try:
-        yield model
-    finally:
-        for m, fused in flags:
-            m.fused = fused
-
-
 class _Watcher:
     """The hooks and the op observer of one recorded forward; ``root`` is the model's Call."""
 
@@ -149,7 +134,7 @@ def record(model, idx, targets):
     """(the model's Call, logits, loss) of ``model(idx, targets)`` run as written and watched."""
     w = _Watcher(model)
     handles = []
-    with as_written(model), record_ops(w.op):
+    with record_ops(w.op):
         try:
             for m in model.modules():
                 handles.append(m.register_forward_pre_hook(w.before))

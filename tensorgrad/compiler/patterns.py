@@ -32,17 +32,20 @@ that a pattern made is an op like any other to the patterns after it (the block 
 attention op and the GELU op the first two make); the steps that only a match read (a folded
 mask's slice and comparison) are dropped with it.
 
-Four patterns today, tried in this order (the written GELU and attention first: the block
+Five patterns today, tried in this order (the written GELU and attention first: the block
 reads the ops they make; the block before the residual adds: it holds two):
 - ``WrittenGelu``: the tanh GELU written out (minGPT's ``NewGELU``), one GELU op;
 - ``CausalAttention``: causal attention written out, ``softmax((q @ k.transpose(-2, -1)) *
-  scale`` with the causal mask filled by -inf ``) @ v`` (the model's
-  ``set_fused_attention(False)`` path, nanoGPT's non-flash path, minGPT's): one attention op
-  with ``is_causal`` and that scale, so the flash kernel takes it where it applies and no
-  (T, T) probabilities are kept for the backward. The mask must equal ``~causal_mask(L, S)``
-  with L <= S (no row fully masked, where the written softmax would give NaN and the op
-  zeros), checked when the plan is made: a constant, or folded from a buffer (minGPT's
-  ``bias[:, :, :T, :T] == 0``), the plan then pinned to the buffer;
+  scale`` with the causal mask filled by -inf ``) @ v`` (``gpt/model.py``'s, nanoGPT's
+  non-flash path, minGPT's): one attention op with ``is_causal`` and that scale, so the flash
+  kernel takes it where it applies and no (T, T) probabilities are kept for the backward.
+  The mask must equal ``~causal_mask(L, S)`` with L <= S (no row fully masked, where the
+  written softmax would give NaN and the op zeros), checked when the plan is made: a
+  constant, or folded from a buffer (minGPT's ``bias[:, :, :T, :T] == 0``), the plan then
+  pinned to the buffer;
+- ``CausalAttentionDropout``: the same with a dropout between the softmax and ·v (training
+  with dropout): the op's ``dropout_p``, which draws the same mask from the generator. A
+  match whose random steps would move past a random step outside it is not made (``_closed``);
 - ``GPT2Block``: the pre-LayerNorm GPT-2 block with the fused attention, as ``gpt/model.py``,
   nanoGPT's and build-nanogpt's models write it (minGPT's through the two above), tanh or
   exact GELU: the fused block kernel (``kernels/cpu_gpt2_block.py``). An edited block
@@ -67,7 +70,7 @@ from .. import kernels
 from ..autograd import xp_of
 from ..ops.elementwise import Add, MaskedFill, Mul, Pow, Tanh
 from ..ops.linalg import Linear, MatMul
-from ..ops.nn import Attention, Gelu, LayerNorm, Softmax, causal_mask
+from ..ops.nn import Attention, Dropout, Gelu, LayerNorm, Softmax, causal_mask
 from ..ops.shape import Contiguous, Permute, Reshape, Split
 from .trace import RANDOM_OPS, Graph, Step, same_value
 
@@ -314,7 +317,7 @@ def _emit_at(graph, steps, flow, k, root, pattern, fold=None):
     for n, m in enumerate(_solve([(root, ("v", st.outs[root.out]))], start, steps, flow)):
         if n >= MAX_TRIES:
             return None
-        if max(m.taken) != k or not _closed(pattern, m, flow, k):
+        if max(m.taken) != k or not _closed(pattern, m, steps, flow, k):
             continue
         step = _step(graph, pattern, m)
         if step is not None:
@@ -412,10 +415,14 @@ def _bind(m: Match, want, got) -> bool:
     return same_value(want, tuple(value) if isinstance(value, list) else value)
 
 
-def _closed(pattern: Pattern, m: Match, flow: _Flow, root: int) -> bool:
+def _closed(pattern: Pattern, m: Match, steps: list, flow: _Flow, root: int) -> bool:
     """Whether the match can be one step in the root's place: nothing outside it reads a
-    value made inside it (its outputs excepted, read after the root), and no input of it
-    is made inside it (``p @ s`` for ``p @ v``)."""
+    value made inside it (its outputs excepted, read after the root), no input of it is
+    made inside it (``p @ s`` for ``p @ v``), and its draws from the generator keep their
+    order (no random step outside it between one inside it and the root)."""
+    first = min((i for i in m.taken if _random(steps[i])), default=root)
+    if any(_random(steps[i]) and i not in m.taken for i in range(first + 1, root)):
+        return False
     outs = {m[n][1] for n in pattern.outputs}
     made = {s for s, (k, _) in flow.made.items() if k in m.taken}
     for name in pattern.inputs:
@@ -530,6 +537,12 @@ class WrittenGelu(Pattern):
         return {"approximate": "tanh"}
 
 
+def causal_probs():
+    """softmax of the scaled scores q·kᵀ with the masked ones -inf: the attention's weights."""
+    s = op(Mul, op(MatMul, V("q"), op(Permute, V("k"), (0, 1, 3, 2))), K("scale"), commutative=True)
+    return op(Softmax, op(MaskedFill, s, Known("masked"), float("-inf")), dim=K("dim"))
+
+
 class CausalAttention(Pattern):
     label = "causal attentions as one attention op"
     inputs = ("q", "k", "v", None)
@@ -539,11 +552,7 @@ class CausalAttention(Pattern):
 
     @staticmethod
     def graph():
-        s = op(
-            Mul, op(MatMul, V("q"), op(Permute, V("k"), (0, 1, 3, 2))), K("scale"), commutative=True
-        )
-        p = op(Softmax, op(MaskedFill, s, Known("masked"), float("-inf")), dim=K("dim"))
-        return op(MatMul, p, V("v"), name="y")
+        return op(MatMul, causal_probs(), V("v"), name="y")
 
     @staticmethod
     def conditions(graph, m):
@@ -569,7 +578,19 @@ class CausalAttention(Pattern):
             return None
         if not np.array_equal(np.asarray(masked).reshape(L, S), want):
             return None
-        return {"dropout_p": 0.0, "is_causal": True, "scale": float(scale)}
+        p = m.get("dropout_p", 0.0)
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            return None
+        return {"dropout_p": float(p), "is_causal": True, "scale": float(scale)}
+
+
+class CausalAttentionDropout(CausalAttention):
+    label = "causal attentions with dropout as one attention op"
+
+    @staticmethod
+    def graph():
+        p = op(Dropout, causal_probs(), p=K("dropout_p"))
+        return op(MatMul, p, V("v"), name="y")
 
 
 class GPT2Block(Pattern):
