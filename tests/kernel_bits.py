@@ -153,4 +153,5 @@ fused = compiled_forward(model).summary()["fused"]
 
 with K.threads_for(THRESHOLD):
     threads = numba.get_num_threads()
-json.dump({"threads": threads, "fused": fused, "hashes": out}, sys.stdout)
+counts = tg.kernels.compile_counts()  # compiled here, or loaded from numba's cache
+json.dump({"threads": threads, "fused": fused, "hashes": out, "counts": counts}, sys.stdout)

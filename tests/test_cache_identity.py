@@ -123,8 +123,12 @@ def test_every_cpu_kernel_gives_the_same_bits_compiled_or_loaded(cold):
     """tests/kernel_bits.py (every CPU kernel that sums, forward and backward, and compile's
     generated kernels): hashes of each output with a cold cache, then with the warm one."""
     bits, cache = cold[:2]
-    compiled = json.loads(bits.output())["hashes"]
-    loaded = json.loads(Run(BITS, cache).output())["hashes"]
+    cold_run, warm_run = json.loads(bits.output()), json.loads(Run(BITS, cache).output())
+    compiled, loaded = cold_run["hashes"], warm_run["hashes"]
+    # (and tensorgrad.kernels.compile_counts, which gpt-train's first-step line reads, says so)
+    assert cold_run["counts"]["compiled"] > 20 and cold_run["counts"]["loaded"] == 0
+    assert warm_run["counts"]["compiled"] == 0
+    assert warm_run["counts"]["loaded"] == cold_run["counts"]["compiled"]
     assert len(compiled) > 80 and loaded.keys() == compiled.keys()
     differ = sorted(k for k in compiled if compiled[k] != loaded[k])
     assert not differ, f"loaded from the cache, not the bits compiled in the process: {differ}"

@@ -103,12 +103,17 @@ def test_every_config_field_is_one_flag_with_its_type_and_help():
             assert f"(default {f.default})" in a.help or "default" in a.help, f.name
 
 
-def test_slow_first_step_is_explained_once_and_not_counted_in_the_eta(capsys):
+def test_slow_first_step_is_explained_once_and_not_counted_in_the_eta(capsys, monkeypatch):
     """numba builds the CPU kernels in the first step of a fresh install (seconds): one line
-    says so, and the bar's rate starts after it (it showed an ETA of hours)."""
+    says so (what was compiled, what came from the cache), and the bar's rate starts after
+    it (it showed an ETA of hours)."""
     from types import SimpleNamespace
 
+    from gpt.train import progress as pg
     from gpt.train.progress import SLOW_FIRST_STEP_S, Progress
+
+    counts = {"compiled": 31, "loaded": 2, "generated": 0}
+    monkeypatch.setattr(pg.kernels, "compile_counts", lambda: dict(counts))
 
     def progress(device):
         c = SimpleNamespace(max_iters=100, device=device)
@@ -122,7 +127,13 @@ def test_slow_first_step_is_explained_once_and_not_counted_in_the_eta(capsys):
     assert p.bar.format_dict["elapsed"] < 5.0  # the first step's time is not in the rate
     p.close()
     err = capsys.readouterr().err
-    assert err.count("first step took 9.0 s: the compiled CPU kernels are built once") == 1
+    assert err.count("first step took 9.0 s: 31 CPU kernels compiled and cached (2 loaded") == 1
+    counts.update(compiled=0, loaded=33, generated=4)  # a later run: all from the cache
+    w = progress("cpu")
+    w.step(2.0, 1e-3, 1000.0, 3.0)
+    w.close()
+    err = capsys.readouterr().err
+    assert "3.0 s: the CPU kernels loaded from the cache (33), 4 generated for this" in err
     q = progress("cpu")
     q.step(2.0, 1e-3, 1000.0, SLOW_FIRST_STEP_S / 2)
     q.close()

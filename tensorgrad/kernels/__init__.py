@@ -15,13 +15,14 @@ AdamW update) are plain functions registered the same way. ``TG_KERNELS=0`` in t
 environment, or ``set_enabled(False)``, runs the references only; :func:`registered`
 lists every kernel, and the test suite checks each one against its reference.
 
-Imports: collections, contextlib, dataclasses, os.
+Imports: collections, contextlib, dataclasses, os, sys.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,6 +97,15 @@ def set_enabled(enabled: bool = True, names=None) -> None:
         _disabled.difference_update(names)
     else:
         _disabled.update(names)
+
+
+def compile_counts() -> dict:
+    """How this process got its CPU kernels' machine code so far, in specialisations:
+    ``compiled`` here (and cached on disk for later processes), ``loaded`` from that cache,
+    ``generated`` (the compiler's kernels for a model, built in every process). Zeros where
+    numba has not run."""
+    numba_math = sys.modules.get(f"{__name__}.numba_math")  # (never imports numba itself)
+    return numba_math.counts() if numba_math else {"compiled": 0, "loaded": 0, "generated": 0}
 
 
 @contextlib.contextmanager
