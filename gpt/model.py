@@ -291,19 +291,20 @@ class GPT(nn.Module):
             cache, done = None, np.zeros(ctx.shape[0], dtype=bool)
             xp = get_array_module(self.transformer.wte.weight.array)
             for _ in range(max_new_tokens):
-                window = ctx[:, -1:]
-                if not use_cache:
-                    window = ctx[:, -bs:]
-                elif cache is None or cache.length >= bs:
-                    # (re)fill the cache from the context window, then go one token at a time
-                    cache = KVCache(
-                        self.config, ctx.shape[0], xp, self.transformer.wte.weight.dtype
-                    )
-                    window = ctx[:, -bs:]
+                window = ctx[:, -bs:]  # the last block_size tokens: all the model can see
+                if use_cache and ctx.shape[1] <= bs:  # every position still has its own slot
+                    if cache is None:  # fill the cache from the prompt
+                        dtype = self.transformer.wte.weight.dtype
+                        cache = KVCache(self.config, ctx.shape[0], xp, dtype)
+                    else:  # then one token at a time against the cached keys and values
+                        window = ctx[:, -1:]
+                else:  # past the block the positions shift: the whole window, one forward
+                    cache = None  # (of fixed shape: a compiled model replays it)
                 # per step, not a decorator: no_grad around a generator function ends before
                 # its body runs, and must not stay on while the caller runs between tokens
                 with tg.no_grad():
-                    logits, _ = self(to_device(window, _dev(xp)), cache=cache)
+                    window = to_device(window, _dev(xp))
+                    logits, _ = self(window) if cache is None else self(window, cache=cache)
                 last = to_numpy(logits.array)[:, -1, :]
                 if suppress_tokens:
                     last = last.copy()

@@ -16,9 +16,11 @@ import math
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 import tensorgrad as tg
+from tensorgrad.compiler import CompileWarning
 
 DEFAULT_OUT_DIR = "out/shakespeare-char"
 
@@ -42,6 +44,24 @@ def start_ids(tok, prompt: str | None) -> list[int]:
         if ids and 0 not in ids:
             return ids
     return [tok.eot_token_id]
+
+
+def quiet_cache_steps(generate_stream):
+    """``generate_stream`` without the compiler's line for its KV-cached steps: a step that
+    appends to the cache runs eagerly by design (one position each; its ops are few), while
+    the window past block_size, of one shape, replays compiled."""
+
+    def run(*args, **kwargs):
+        tokens = generate_stream(*args, **kwargs)
+        while True:
+            with warnings.catch_warnings():  # (around each step only: not while we yield)
+                warnings.filterwarnings("ignore", "tensorgrad.compile: .*KVCache", CompileWarning)
+                nxt = next(tokens, None)
+            if nxt is None:
+                return
+            yield nxt
+
+    return run
 
 
 def stream_sample(
@@ -68,7 +88,7 @@ def stream_sample(
     # vocabulary that the tokenizer cannot decode
     suppress = [tok.unk_token_id] if getattr(tok, "unk_token_id", None) is not None else []
     suppress += range(tok.vocab_size, getattr(getattr(model, "config", None), "vocab_size", 0))
-    stream = model.generate_stream(
+    stream = quiet_cache_steps(model.generate_stream)(
         np.array([prompt_ids], dtype=np.int64),
         max_new_tokens,
         temperature=temperature,
@@ -247,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, UnicodeDecodeError) as e:
                 raise UsageError(f"cannot read --prompt-file {a.prompt_file}: {e}") from None
         model, tok, where = _load(a)
+        tg.compile(model)  # past block_size each token is a whole window: replayed compiled
     except UsageError as e:
         print(f"gpt-sample: error: {e}", file=sys.stderr)
         return 2

@@ -84,3 +84,12 @@ def test_rounds_keep_the_median_round_and_every_rounds_time():
     assert kept["median_s"] == 0.0046  # the median of the three that ran
     assert kept["rounds_s"] == [0.007, None, 0.0044, 0.0046]
     assert median_round([None, None]) is None
+
+
+def test_sample_benchmark_ways_run():
+    """benchmarks/sample.py's tensorgrad ways each run past the block (two tokens each)."""
+    from benchmarks import sample
+
+    for way in sample.WAYS[:3]:
+        r = sample.worker(way, "tiny", 2)
+        assert r["way"] == way and r["tokens"] == 2 and r["per_token_s"] > 0

@@ -429,6 +429,29 @@ def test_kv_cache_generates_the_same_tokens(kw, T, new):
     np.testing.assert_array_equal(a, b)
 
 
+def test_sampling_past_the_block_replays_one_compiled_window_forward():
+    """Past block_size each token runs the whole window, (B, block_size), one shape: a
+    compiled model replays it (the KV-cached steps before run eagerly, by design), and gives
+    the eager model's tokens."""
+    import warnings
+
+    from tensorgrad.compiler import CompileWarning, compiled_forward
+
+    model = GPT(tiny())
+    compiled = tg.compile(GPT(tiny()))
+    compiled.load_state_dict(model.state_dict())
+    prompt, new = tokens(2, 5, 40), BS + 6  # runs past the block after BS - 5 tokens
+    want = model.generate(prompt, new, temperature=0.0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = compiled.generate(prompt, new, temperature=0.0)
+    np.testing.assert_array_equal(got, want)
+    s = compiled_forward(compiled).summary()
+    assert s["compiled"] == 1, s  # the window's forward, replayed from its third token on
+    reasons = {str(w.message) for w in said if issubclass(w.category, CompileWarning)}
+    assert all("KVCache" in r for r in reasons) and reasons, reasons
+
+
 def test_eos_stops_and_pads():
     model = GPT(tiny())
     prompt = tokens(3, 4, 60)
