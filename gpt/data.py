@@ -207,7 +207,7 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
             if f.is_file() and not any(p.startswith(".") for p in f.relative_to(root).parts)
         )
         if not files:
-            raise DataError(f"{root} holds no .txt files. Pass a text file or a folder of them.")
+            raise DataError(f"{root} holds no .txt files to read, nor .npy/.bin token shards.")
     else:
         files = [(root.name, root)]
     total = sum(f.stat().st_size for _, f in files)

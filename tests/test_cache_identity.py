@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [  # tests/test_train.py's tiny model, dropout included
@@ -127,8 +127,9 @@ def test_every_cpu_kernel_gives_the_same_bits_compiled_or_loaded(cold):
     compiled, loaded = cold_run["hashes"], warm_run["hashes"]
     # (and tensorgrad.kernels.compile_counts, which gpt-train's first-step line reads, says so)
     assert cold_run["counts"]["compiled"] > 20 and cold_run["counts"]["loaded"] == 0
-    assert warm_run["counts"]["compiled"] == 0
-    assert warm_run["counts"]["loaded"] == cold_run["counts"]["compiled"]
+    assert warm_run["counts"]["compiled"] == 0 and warm_run["counts"]["loaded"] > 20
+    # (fewer loaded than compiled: a jitted helper that only kernels call compiles with them
+    # when they compile, and is inside them when they load)
     assert len(compiled) > 80 and loaded.keys() == compiled.keys()
     differ = sorted(k for k in compiled if compiled[k] != loaded[k])
     assert not differ, f"loaded from the cache, not the bits compiled in the process: {differ}"

@@ -42,7 +42,11 @@ class TrainConfig:
         choices=("shakespeare",),
     )
     data: str | None = opt(
-        None, "data", "train on your own UTF-8 text: a file, or a folder of .txt files", "PATH"
+        None,
+        "data",
+        "train on your own UTF-8 text: a file, or a folder of .txt files; or on a folder of "
+        "GPT-2 token shards (fineweb .npy or llm.c .bin, split by 'train'/'val' in their names)",
+        "PATH",
     )
     tokenizer: str = opt(
         "char",

@@ -16,7 +16,6 @@ from tensorgrad.cuda import set_matmul_precision
 
 from ..config import GPTConfig
 from ..data import (
-    BatchSampler,
     default_cache_dir,
     load_tokenizer_from_dir,
     prepare,
@@ -26,6 +25,7 @@ from ..data import (
 from ..hub import resolve
 from ..model import GPT
 from ..optim import load_run_optimizer, run_optimizer
+from ..shards import load_shards, make_sampler, shard_files
 from ..store import model_code
 from ..store import run_checkpoint as rc
 from ..store.errors import CheckpointError
@@ -61,7 +61,13 @@ class TrainRun:
 
 
 def load_data(c: TrainConfig, fixed_tok=None) -> tuple[Path, dict, object]:
-    """(prepared data directory, its meta, tokenizer). fixed_tok: tokenize with this one."""
+    """(prepared data directory, its meta, tokenizer). fixed_tok: tokenize with this one.
+    A folder of token shards (gpt.shards) is read where it is, with GPT-2's tokenizer."""
+    files = shard_files(c.data) if c.data else None
+    if files is not None:
+        if c.vocab_size is not None:
+            raise UsageError("--vocab-size does not apply to token shards: GPT-2's vocabulary")
+        return Path(c.data), *load_shards(c.data, files, fixed_tok)
     docs = read_text_path(c.data) if c.data else read_shakespeare()
     name = run_name(dataclasses.asdict(c))
     if c.tokenizer == "bpe" and not c.init_from:
@@ -238,9 +244,9 @@ def setup(c: TrainConfig, ckpt: dict | None, control: dict, ddp) -> TrainRun | N
     optimizer = run_optimizer(model, c)
     T = model.config.block_size
     samplers = {
-        "train": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed),
-        "val": BatchSampler(data_dir, "val", T, c.batch_size, seed=c.seed + 1),
-        "train_eval": BatchSampler(data_dir, "train", T, c.batch_size, seed=c.seed + 2),
+        "train": make_sampler(data_dir, meta, "train", T, c.batch_size, seed=c.seed),
+        "val": make_sampler(data_dir, meta, "val", T, c.batch_size, seed=c.seed + 1),
+        "train_eval": make_sampler(data_dir, meta, "train", T, c.batch_size, seed=c.seed + 2),
     }
     r = TrainRun(c, ddp, out, data_dir, meta, tok, model.config, model, optimizer, samplers,
                  RunState(), code=code)  # fmt: skip
