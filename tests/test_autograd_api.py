@@ -302,10 +302,11 @@ def test_module_forward_hooks():
 
 
 # ----------------------------------------------------------------------------- PyTorch's numbers
+TORCH = "torch is not installed: pip install -e '.[hf]' (or pip install torch==2.13.0)"
 
 
 def test_second_derivatives_match_torch_on_gpt_ops():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH)
     r = np.random.default_rng(0)
     xs = [r.standard_normal((2, 3, 4)), r.standard_normal(4), r.standard_normal((4, 5))]
     t = np.array([1, 0, 4, 2, 3, 3])
@@ -338,7 +339,7 @@ def test_grad_walks_only_the_paths_to_its_inputs():
 
 
 def test_functional_matches_torch():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH)
     r = np.random.default_rng(3)
     a, v = r.standard_normal((3, 4)), r.standard_normal((3, 4))
     emb = r.standard_normal((5, 4))

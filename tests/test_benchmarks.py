@@ -54,7 +54,7 @@ def test_small_tensor_cases_run_and_report():
 
 
 def test_small_tensor_cases_compute_what_torch_computes():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[bench]'")
     from benchmarks import small
 
     res = small.child("both", reps=1, min_rep_s=0.0, threads=None)  # taking turns

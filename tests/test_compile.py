@@ -360,7 +360,9 @@ def test_a_compiled_gpt_trains_as_the_eager_one(dropout):
     assert compiled_forward(compiled).summary()["compiled"] == 1
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_the_gpts_written_attention_compiles_to_one_attention_op(dropout):
     """gpt/model.py writes its attention out (scores, mask, softmax, dropout, ·v): compiled, it
@@ -409,13 +411,16 @@ def fused_names(f) -> list[str]:
     return [s.impl.__name__ for s in entry[1].plan]
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 @pytest.mark.parametrize("rule", sorted(UNARY))
 @pytest.mark.parametrize("n", [7, 40_000], ids=["serial", "parallel"])
 def test_each_fusion_rule_matches_its_reference_op(rule, n):
     """Each rule of fuse.RULES, in a run with a bias add and a scale (float64: tight), forward
     and the gradients of the input and the (broadcast) bias, against the ops one by one."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     op = UNARY[rule]
 
     def run_(x, b):
@@ -436,9 +441,12 @@ def test_each_fusion_rule_matches_its_reference_op(rule, n):
     assert len(fused_names(f)) == 1 and fused_names(f)[0].startswith("Fused[add+")
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 def test_a_long_chain_is_one_kernel_and_keeps_float32():
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 
     def chain(x, b):
         y = F.gelu(x + b)
@@ -462,12 +470,15 @@ def test_a_long_chain_is_one_kernel_and_keeps_float32():
     assert fused_names(f) == ["Fused[add+gelu+mul+add+tanh+sigmoid+mul+relu+pow+add+exp+sub+div]"]
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 @pytest.mark.parametrize("n", [6, 40_000], ids=["serial", "parallel"])
 def test_a_row_value_broadcast_back_over_its_row_fuses(n):
     """RMSNorm as a learner writes it: the (rows, 1) scale joins the run that multiplies x by
     it and by the weight, read once per row; its gradient is summed over the row."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 
     def rmsnorm(x, w):
         return x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * w
@@ -510,7 +521,10 @@ ROW_PROGRAMS = {
 }
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 @pytest.mark.parametrize("B,T", [(2, 3), (4, 320)], ids=["serial", "parallel"])
 @pytest.mark.parametrize("name", sorted(ROW_PROGRAMS))
 def test_a_row_program_matches_the_ops(name, B, T):
@@ -518,7 +532,7 @@ def test_a_row_program_matches_the_ops(name, B, T):
     value and steps after it that read it per row: one generated kernel each way (float64,
     tight), its value and every input's gradient against the ops one by one. Inputs read
     whole, per column (C,), per row (B, T, 1), per (T, C) and per batch (B, 1, 1)."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     fn, C = ROW_PROGRAMS[name], 32
     f = tg.compile(fn)
     rng = np.random.default_rng(0)
@@ -787,11 +801,14 @@ def test_an_output_no_gradient_reaches_costs_no_zeros_of_its_shape():
     np.testing.assert_allclose(gx.detach().numpy(), w2.grad.numpy(), rtol=1e-5)
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: nothing is fused")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 def test_a_row_step_with_an_array_constant_ends_the_row_program():
     """A row program's steps on the (rows, 1) value read row values and numbers only: a (1,)
     array constant there is read per element, so that step starts a new run instead."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     c = np.array([2.0], np.float32)
 
     def fn(x):
@@ -831,7 +848,9 @@ def attention_run(f, arrays, w):
     return [out.detach().numpy()] + [t.grad.numpy() for t in ts]
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 @pytest.mark.parametrize(
     "dtype, L, hs, kernel",
     [(np.float64, 7, 4, "InplaceAttention"), (np.float32, 24, 8, "NumbaFlashAttention")],
@@ -869,7 +888,9 @@ def attention_reading_its_inside(which):
     return f
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 @pytest.mark.parametrize("which", ["scores-as-v", "probabilities-read-after"])
 def test_attention_whose_window_reads_its_inside_runs_as_written(which):
     g = np.random.default_rng(3)
@@ -885,7 +906,9 @@ def test_attention_whose_window_reads_its_inside_runs_as_written(which):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 def test_attention_written_out_for_fewer_queries_than_keys_matches_the_bottom_right_mask():
     """L < S (a query block after a KV cache): the mask that matches is ``causal_mask(L, S)``,
     aligned to the bottom right."""
@@ -933,7 +956,9 @@ def residual_then_norm(x, a, w, b):
     return F.layer_norm(s, (x.shape[-1],), w, b).relu() * 3 + s
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("a_shape", [(2, 5, 8), (5, 8)])
 def test_a_residual_add_then_layer_norm_runs_as_one_kernel(dtype, a_shape):
@@ -963,7 +988,9 @@ def test_a_residual_add_then_layer_norm_runs_as_one_kernel(dtype, a_shape):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)"
+)
 def test_an_edited_gpt_compiles_its_residual_adds_with_their_layer_norms():
     """A ReLU-edited GPT does not match the stock block; each of its residual adds that a
     LayerNorm reads (ln_2 in every block, the next block's ln_1, ln_f) becomes one kernel."""

@@ -487,7 +487,7 @@ def test_a_causal_mask_made_from_a_buffer_makes_one_attention_op(how):
     assert patterns == want, patterns
 
 
-@pytest.mark.skipif(not ON, reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(not ON, reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)")
 def test_the_written_attention_alone_becomes_one_attention_op():
     """minGPT's attention with attention dropout in training mode cannot be the fused block,
     nor one attention op (dropout between softmax and @ v): it runs as written; its written

@@ -279,7 +279,7 @@ def test_nanogpt_in_eval_mode_gets_the_fused_block():
     assert compiled_forward(compiled).summary()["patterns"] == fused(2)
 
 
-@pytest.mark.skipif(not ON, reason="TG_KERNELS=0: no composites")
+@pytest.mark.skipif(not ON, reason="TG_KERNELS=0: no composites (unset TG_KERNELS to run it)")
 def test_the_block_kernel_runs_the_exact_gelu():
     compiled, _ = twins(lambda: GPT(GPTConfig()))
     idx = torch.tensor(np.zeros((2, 8), dtype=np.int64))
@@ -549,7 +549,7 @@ def test_every_pattern_binds_what_it_names():
                 return patterns.op(ops_nn.Gelu, patterns.V("x"), name="y")
 
     assert [p.__name__ for p in patterns.PATTERNS][-1] == "AddLayerNormPattern"
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     from tensorgrad.kernels.cpu_gpt2_block import GPT2_BLOCK_PARAMS
 
     assert patterns.GPT2Block.inputs == ("x", *GPT2_BLOCK_PARAMS)

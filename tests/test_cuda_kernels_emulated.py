@@ -24,11 +24,13 @@ import tensorgrad.nn.functional as F
 from tensorgrad.cuda import flash as FA
 from tensorgrad.cuda import kernels as K
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to emulate CUDA")
+needs_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ to emulate CUDA (apt-get install g++)"
+)
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None,
-    reason="needs nvcc, the CUDA toolkit's compiler (CI has none); the g++ emulation tests "
-    "still run the kernels",
+    reason="needs nvcc, the CUDA toolkit's compiler (CI has none; install the CUDA toolkit); "
+    "the g++ emulation tests still run the kernels",
 )
 
 rng = np.random.default_rng(0)

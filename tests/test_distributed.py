@@ -193,7 +193,7 @@ def one_rank(corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_ranks(corpus, tmp_path_factory):
     if MPIEXEC is None:
-        pytest.skip("mpi4py or mpiexec missing")
+        pytest.skip('mpi4py or mpiexec missing: pip install -e ".[test,mpi]"')
     out = tmp_path_factory.mktemp("two")
     p = gpt_train(2, corpus, out, *RUN)
     assert p.returncode == 0, p.stderr

@@ -397,7 +397,10 @@ def _browser():
     return None
 
 
-@pytest.mark.skipif(_browser() is None, reason="no headless Chromium/Chrome on this machine")
+@pytest.mark.skipif(
+    _browser() is None,
+    reason="no headless Chromium/Chrome on this machine (apt-get install chromium)",
+)
 def test_html_renders_in_headless_chromium(tmp_path, report):
     page = tmp_path / "explain.html"
     page.write_text(render_html(report), encoding="utf-8")

@@ -288,7 +288,10 @@ def dump_dom(url: str, profile: Path) -> str:
     return dom
 
 
-@pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"no headless Chromium at {CHROMIUM}")
+@pytest.mark.skipif(
+    not shutil.which(CHROMIUM),
+    reason=f"no headless Chromium at {CHROMIUM} (apt-get install chromium)",
+)
 def test_loading_and_reloading_the_page_never_steps_in_chromium(srv, tmp_path, capsys):
     url = f"http://127.0.0.1:{srv.server_address[1]}/"
     dom = dump_dom(url, tmp_path / "profile")

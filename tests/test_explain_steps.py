@@ -102,7 +102,9 @@ def test_cli_steps_json_and_html(tmp_path, capsys):
 
 
 def test_cli_steps_text_writes_png_plots(tmp_path, capsys):
-    pytest.importorskip("matplotlib", reason="matplotlib (the 'plot' extra) is not installed")
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib is not installed: pip install -e '.[plot]'"
+    )
     png = tmp_path / "steps.png"
     assert main(["--steps", "3", "--plot", str(png)]) == 0
     assert f"plots: wrote {png}" in capsys.readouterr().out

@@ -135,7 +135,9 @@ def test_char_tokenizer_json_round_trip_and_loader_order(tmp_path):
 
 
 def test_char_tokenizer_json_encodes_like_ours_in_the_tokenizers_library():
-    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed (hf extra)")
+    tokenizers = pytest.importorskip(
+        "tokenizers", reason="tokenizers is not installed: pip install -e '.[hf]'"
+    )
     tok = CharTokenizer("ab\n c\u00e9\U0001f600")
     hf = tokenizers.Tokenizer.from_str(json.dumps(tok.to_hf_json()))
     text = "a b\n\n\u00e9c?\U0001f600<|endoftext|>ba  "  # '?' is unknown: <|unk|> = 0
@@ -200,8 +202,9 @@ def test_gpt_export_errors_are_one_line(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- transformers
 def _hf():
-    torch = pytest.importorskip("torch", reason="torch is not installed (hf extra)")
-    transformers = pytest.importorskip("transformers", reason="transformers (hf extra) is missing")
+    hf = "is not installed: pip install -e '.[hf]'"
+    torch = pytest.importorskip("torch", reason=f"torch {hf}")
+    transformers = pytest.importorskip("transformers", reason=f"transformers {hf}")
     return torch, transformers
 
 

@@ -269,8 +269,9 @@ def test_gpt_train_fine_tunes_a_hub_name(gpt2, corpus, tmp_path):  # noqa: F811
 
 # ----------------------------------------------------------------------------- transformers
 def test_from_pretrained_equals_transformers_from_the_same_cache(gpt2, cache):
-    torch = pytest.importorskip("torch", reason="torch is not installed (hf extra)")
-    transformers = pytest.importorskip("transformers", reason="transformers (hf extra) is missing")
+    hf = "is not installed: pip install -e '.[hf]'"
+    torch = pytest.importorskip("torch", reason=f"torch {hf}")
+    transformers = pytest.importorskip("transformers", reason=f"transformers {hf}")
     hf = transformers.GPT2LMHeadModel.from_pretrained(
         "gpt2", cache_dir=str(cache), local_files_only=True
     ).eval()
@@ -290,8 +291,10 @@ def test_real_gpt2_from_the_hub():
     try:
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:
-        pytest.skip("huggingface.co is not reachable")
-    pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (hf extra)")
+        pytest.skip("huggingface.co is not reachable: run where the network reaches it")
+    pytest.importorskip(
+        "huggingface_hub", reason="huggingface_hub is not installed: pip install -e '.[hf]'"
+    )
     model = GPT.from_pretrained("gpt2")  # ~550 MB into the default hub cache, once
     assert model.config.n_layer == 12 and model.config.vocab_size == 50257
     assert (resolve("gpt2") / "vocab.json").is_file()

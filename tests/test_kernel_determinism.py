@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("numba")
+pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "kernel_bits.py"

@@ -22,7 +22,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-numba = pytest.importorskip("numba")
+numba = pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 
 from helpers import assert_close, recomputed_bytes
 
@@ -455,9 +455,13 @@ def two_threads(monkeypatch) -> int:
     has fewer than 2 cores or numba threads."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if (cores or 1) < 2:
-        pytest.skip(f"runs the kernels on 2 threads, so needs 2 cores; this machine has {cores}")
+        pytest.skip(
+            f"runs the kernels on 2 threads, so needs 2 cores; this machine has {cores} "
+            "(run it where 2 or more are free to this process)"
+        )
     if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip(f"needs NUMBA_NUM_THREADS >= 2 (it is {numba.config.NUMBA_NUM_THREADS})")
+        n = numba.config.NUMBA_NUM_THREADS
+        pytest.skip(f"needs NUMBA_NUM_THREADS >= 2 (it is {n}): unset it or set it to 2 or more")
     monkeypatch.setenv("TG_KERNEL_THREADS", "2")
     prev = numba.get_num_threads()
     numba.set_num_threads(2)

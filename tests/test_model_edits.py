@@ -157,9 +157,9 @@ def test_the_edited_math_is_what_trains(monkeypatch):
 
 
 def test_the_stock_model_compiles_to_the_fused_block():
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     if not tg.kernels.is_enabled():
-        pytest.skip("TG_KERNELS=0: reference ops only")
+        pytest.skip("TG_KERNELS=0: reference ops only (unset TG_KERNELS to run it)")
     _, _, _, model = steps(compiled=True, n=3)
     entries = compiled_forward(model).entries.values()
     plan = [s.impl.__name__ for vs in entries for v in vs if v.graph for s in v.graph.plan]

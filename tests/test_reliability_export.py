@@ -312,8 +312,9 @@ def test_a_tied_config_with_a_different_lm_head_loads_untied(tmp_path, tie):
 
 
 def test_transformers_agrees_on_an_untied_lm_head_under_a_tied_config(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed (hf extra)")
-    transformers = pytest.importorskip("transformers", reason="transformers is missing")
+    hf = "is not installed: pip install -e '.[hf]'"
+    torch = pytest.importorskip("torch", reason=f"torch {hf}")
+    transformers = pytest.importorskip("transformers", reason=f"transformers {hf}")
     w = {"transformer." + k: v for k, v in hf_weights().items()}
     w["lm_head.weight"] = (0.3 * np.random.default_rng(5).standard_normal((32, 16))).astype(
         np.float32

@@ -32,6 +32,7 @@ from tensorgrad.utils.data import (
 )
 
 REFUSED = r"^load: .*(not a tensorgrad file|corrupt)"
+TORCH = "torch is not installed: pip install -e '.[hf]' (or pip install torch==2.13.0)"
 
 
 @contextmanager
@@ -107,7 +108,7 @@ def test_load_refuses_torch_files(tmp_path):
     (tmp_path / "pickle.pt").write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + bytes(40))
     assert "torch.save" in refused(tmp_path / "zip.pt")
     assert "torch.save" in refused(tmp_path / "pickle.pt")
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH)
     ckpt = {"model": {"w": torch.ones(2, 3)}, "best_val_loss": torch.tensor(1.5), "iter_num": 7}
     torch.save(ckpt, tmp_path / "new.pt")
     torch.save(ckpt, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
@@ -235,7 +236,7 @@ def test_zero_dim_tensors_and_scalars_round_trip(tmp_path):
 
 
 def test_zero_dim_tensor_matches_torch(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH)
     torch.save({"best_val_loss": torch.tensor(1.5)}, tmp_path / "t.pt")
     want = torch.load(tmp_path / "t.pt")["best_val_loss"]
     tg.save({"best_val_loss": tg.tensor(1.5)}, tmp_path / "g.pt")
@@ -385,7 +386,7 @@ def test_collate_of_scalars_follows_pytorch(batch, values, dtype):
 
 
 def test_collate_of_scalars_matches_torch_itself():
-    torch_collate = pytest.importorskip("torch.utils.data").default_collate
+    torch_collate = pytest.importorskip("torch.utils.data", reason=TORCH).default_collate
 
     values = [0, 1, -3, 2.5, -0.5, True, False]
     for batch in itertools.product(values, repeat=2):

@@ -179,8 +179,10 @@ def test_dtype_kind_and_identity():
 
 
 def test_numba_thread_count_is_restored_around_a_kernel():
-    numba = pytest.importorskip("numba")
-    cpu_numba = pytest.importorskip("tensorgrad.kernels.cpu_numba")
+    numba = pytest.importorskip("numba", reason="numba is not installed: pip install numba")
+    cpu_numba = pytest.importorskip(
+        "tensorgrad.kernels.cpu_numba", reason="numba is not installed: pip install numba"
+    )
     before = numba.get_num_threads()
     with cpu_numba.threads_for(10):
         assert numba.get_num_threads() == 1

@@ -213,11 +213,13 @@ def block_by_hand(x, params, n_head, eps):
     return x + h @ mw.T + mb
 
 
-@pytest.mark.skipif(not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no fused block")
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(), reason="TG_KERNELS=0: no fused block (unset TG_KERNELS to run it)"
+)
 def test_gpt2_block_honours_a_non_default_eps():
     """The fused GPT-2 block kernel (float32) against the block written by hand in float64,
     with eps = 0.1: output and all 13 gradients."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     (kernel,) = tg.kernels.registered("gpt2_block", "cpu")
     B, T, C, nh = 2, 7, 16, 2
     params = block_arrays(C)

@@ -59,7 +59,9 @@ def test_split_pattern_examples(text, pieces):
     assert gpt2_split_pattern().findall(text) == pieces
 
 
-@pytest.mark.skipif(regex is None, reason="the `regex` package is not installed")
+@pytest.mark.skipif(
+    regex is None, reason="the `regex` package is not installed: pip install -e '.[test]'"
+)
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_split_pattern_matches_gpt2_regex(s):

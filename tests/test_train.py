@@ -467,7 +467,10 @@ def test_resume_refuses_a_different_model(corpus, full_run, capsys):
     assert code == 2 and "--n-layer" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(tg.cuda.is_available(), reason="CuPy is present")
+@pytest.mark.skipif(
+    tg.cuda.is_available(),
+    reason="CuPy is present: this checks the error without it (run elsewhere)",
+)
 def test_cuda_without_cupy_is_one_line(corpus, tmp_path, capsys):
     code = train.main(["--data", str(corpus), "--out-dir", str(tmp_path / "o"), "--device", "cuda"])
     err = capsys.readouterr().err.strip()
