@@ -29,7 +29,7 @@ from . import (
     version,
     viz,
 )
-from .amp import autocast, bfloat16
+from .amp import autocast
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .compiler import compile  # noqa: A004  (torch.compile)
 from .cuda import amp as _cuda_amp  # noqa: F401  (binds tensorgrad.cuda.amp)
@@ -81,7 +81,7 @@ from .serialization import load, save
 from .tensor import Size, Tensor, as_array
 from .tensor_functions import *  # noqa: F403  (torch.tanh, torch.topk, ...: the Tensor methods)
 from .tensor_functions import __all__ as _functions_all
-from .types import as_dtype, device, dtype, finfo, iinfo
+from .types import as_dtype, bfloat16, device, dtype, finfo, iinfo
 
 try:  # compiled CPU kernels, where numba is installed (a default dependency)
     from .kernels import (  # noqa: F401  (imported to register their kernels)

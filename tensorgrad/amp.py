@@ -1,7 +1,7 @@
-"""Mixed precision, as ``torch.amp``: ``autocast`` (matmul precision for a block) and
+"""Mixed precision, as ``torch.amp``: ``autocast`` (matmuls in bfloat16 for a block) and
 ``GradScaler`` (dynamic loss scaling for float16 gradients).
 
-    with tg.autocast("cuda", dtype=tg.bfloat16):   # matmuls on bfloat16 tensor cores
+    with tg.autocast("cpu", dtype=tg.bfloat16):    # matmul, linear, attention in bfloat16
         logits, loss = model(x, y)
 
     scaler = tg.amp.GradScaler("cpu")              # float16 parameters on the CPU
@@ -10,15 +10,23 @@
     scaler.step(opt)                               # skipped when a gradient is inf/NaN
     scaler.update()                                # halve on overflow, double after 2000 clean steps
 
+autocast on 'cpu' is PyTorch's CPU autocast (its op lists, ``LOWER`` and ``FP32`` below): an
+op on the lower-precision list (matmul / mm / bmm, linear, scaled_dot_product_attention)
+casts its floating inputs to the block's dtype (bfloat16 or float16) and returns that dtype;
+one on the float32 list (cross_entropy, prod, the losses) casts them to float32; every other
+op runs in its inputs' dtype. The casts are recorded ops, so gradients reach the float32
+weights as float32. ``Op.apply`` asks the block running in its thread to cast.
+
 autocast on 'cuda' is what ``gpt-train --dtype`` does: weights, activations and optimizer state
 stay float32 and the GPU's float32 matmuls round their inputs to bfloat16 (or TF32) on tensor
 cores, for the block only. float16 has no such tensor-core mode here, so it is refused on
-'cuda'. On the CPU autocast changes nothing (every op stays in its tensors' dtype).
+'cuda'.
 
-``bfloat16`` is a dtype name for autocast only: NumPy has no bfloat16 storage, so a tensor of
-it cannot be made (using it as a dtype raises one line saying so). ``float16`` is NumPy's.
+``bfloat16`` is a tensor dtype stored through ml_dtypes (a default dependency): without it,
+it is a dtype name for 'cuda' autocast only, and using it for storage raises one line saying
+``pip install ml_dtypes``. ``float16`` is NumPy's.
 
-Imports: contextlib, math, numpy, warnings, .cuda, .devices.
+Imports: contextlib, math, numpy, warnings, .autograd, .cuda, .devices, .ops, .types.
 """
 
 from __future__ import annotations
@@ -29,38 +37,22 @@ import warnings
 
 import numpy as np
 
+from .autograd import graph
 from .cuda.ops import get_matmul_precision, set_matmul_precision
 from .devices import cuda_available, get_array_module, parse_device
+from .ops.linalg import Linear, MatMul
+from .ops.more_math import Prod
+from .ops.nn import Attention, CrossEntropy
+from .types import ReducedFloat, as_dtype, bfloat16
 
 float16 = np.float16
-
-
-class ReducedFloat:
-    """A dtype name without NumPy storage (``tensorgrad.bfloat16``): accepted by autocast;
-    as a tensor's dtype it raises TypeError."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"tensorgrad.{self.name}"
-
-    @property
-    def dtype(self):  # NumPy reads .dtype when given this object as a dtype
-        raise TypeError(
-            f"tensorgrad.{self.name} has no storage (NumPy has no {self.name}); use it as "
-            "autocast(dtype=...) for GPU matmuls, or float32 / float16 for tensors"
-        )
-
-    @property
-    def itemsize(self) -> int:
-        return 2
-
-    is_floating_point = True
-
-
-bfloat16 = ReducedFloat("bfloat16")
 _CUDA_PRECISION = {"bfloat16": "bf16"}
+_CPU_DTYPES = ("bfloat16", "float16")
+# PyTorch's CPU autocast lists (aten/src/ATen/autocast_mode.cpp), as tensorgrad's ops: those
+# cast to the block's dtype (matmul, mm, bmm, linear, scaled_dot_product_attention) and
+# those cast to float32 (cross_entropy_loss, prod; nn/losses.py's losses call float32_inputs)
+LOWER = frozenset({MatMul, Linear, Attention})
+FP32 = frozenset({CrossEntropy, Prod})
 
 
 def _dtype_name(dtype) -> str:
@@ -75,7 +67,7 @@ def _caller(obj, base) -> int:
 
 
 class autocast(contextlib.ContextDecorator):
-    """Run the block's GPU matmuls in reduced precision (see the module docstring)."""
+    """Run the block's matmuls in reduced precision (see the module docstring)."""
 
     def __init__(
         self, device_type: str = "cuda", dtype=None, enabled: bool = True, cache_enabled=None
@@ -95,19 +87,57 @@ class autocast(contextlib.ContextDecorator):
                 f"autocast: dtype {name} is not supported on cuda (tensorgrad's tensor-core "
                 "matmuls take bfloat16 inputs): use dtype=tensorgrad.bfloat16"
             )
+        if device_type == "cpu" and enabled and name not in _CPU_DTYPES:
+            warnings.warn(  # PyTorch's words
+                "In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+                "CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently.",
+                stacklevel=_caller(self, autocast),
+            )
+            enabled = False
         self.device_type, self.fast_dtype, self.enabled = device_type, name, enabled
-        self._saved: list[str] = []
+        self.dtype = bfloat16 if name == "bfloat16" else as_dtype(name)
+        self._saved: list = []
 
     def __enter__(self):
         if self.enabled and self.device_type == "cuda":
             self._saved.append(get_matmul_precision())
             set_matmul_precision(_CUDA_PRECISION[self.fast_dtype])
+        elif self.device_type == "cpu":  # (a disabled block turns an outer one off inside it)
+            self._saved.append(graph._state.autocast)
+            graph._state.autocast = self if self.enabled else None
         return self
 
     def __exit__(self, *exc):
         if self.enabled and self.device_type == "cuda":
             set_matmul_precision(self._saved.pop())
+        elif self.device_type == "cpu":
+            graph._state.autocast = self._saved.pop()
         return False
+
+    def cast_inputs(self, op, inputs) -> tuple:
+        """The inputs of reference op ``op`` as PyTorch's CPU autocast casts them: each floating
+        CPU tensor but float64 to the block's dtype (``op`` in LOWER) or to float32 (in FP32),
+        by a recorded cast; as they are for any other op."""
+        if op in LOWER:
+            return _cast(inputs, self.dtype)
+        return _cast(inputs, np.float32) if op in FP32 else inputs
+
+
+def _cast(inputs, dtype) -> tuple:
+    """Each floating CPU tensor of ``inputs`` but float64 cast to ``dtype`` (a recorded op)."""
+
+    def eligible(x) -> bool:
+        return (
+            graph.is_tensor(x) and x.dtype.kind == "f" and x.dtype != np.float64 and not x.is_cuda
+        )
+
+    return tuple(x.to(dtype) if eligible(x) else x for x in inputs)
+
+
+def float32_inputs(*inputs) -> tuple:
+    """The float32 list for an op composed of others (``F.mse_loss``): its floating tensor
+    inputs cast to float32 inside a CPU autocast block, as they are outside one."""
+    return inputs if graph._state.autocast is None else _cast(inputs, np.float32)
 
 
 # ----------------------------------------------------------------------------- GradScaler

@@ -5,7 +5,10 @@ moves arrays between devices through it, and draws random numbers from its
 seeded generators. CuPy is imported lazily, only when a 'cuda' device is asked
 for, so ``import tensorgrad`` never touches it.
 
-Imports: contextlib, ctypes, numpy, os, sys.
+It also holds ``BFLOAT16``, NumPy's bfloat16 dtype (from ml_dtypes, as JAX's), the storage
+of ``tensorgrad.bfloat16``; None when ml_dtypes is not installed.
+
+Imports: contextlib, ctypes, ml_dtypes, numpy, os, sys.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ import os
 import sys
 
 import numpy as np
+
+try:  # a default dependency; without it tensorgrad.bfloat16 says to install it
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BFLOAT16 = None
 
 # ----------------------------------------------------------------------------- CPU memory
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters

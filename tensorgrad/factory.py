@@ -119,7 +119,7 @@ def _gen(generator, device):
 
 def _draw_float(g, method: str, shape, dtype):
     dt = np.dtype(dtype or DEFAULT_DTYPE)
-    if dt.kind != "f":
+    if dt.kind != "f" and dt is not devices.BFLOAT16:
         raise TypeError(f"{method}: dtype must be a floating type, got {dt}")
     # the generators draw float32 or float64 only; other floats are cast from float32
     direct = dt in (np.dtype(np.float32), np.dtype(np.float64))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .devices import to_numpy
+from .devices import BFLOAT16, to_numpy
 
 PRECISION = 4
 THRESHOLD, EDGEITEMS, LINEWIDTH = 1000, 3, 80
@@ -86,8 +86,8 @@ def tensor_repr(t, prefix: str = "tensor(") -> str:
     if a.size == 0 and a.ndim != 1:
         body = "[]"
         extra.append(f"size={tuple(a.shape)}")
-    else:
-        body = _body(a, len(prefix))
+    else:  # (bfloat16 values print as the float32 values they are)
+        body = _body(a.astype(np.float32) if a.dtype is BFLOAT16 else a, len(prefix))
     if a.dtype.name not in _DEFAULT_SHOWN:
         extra.append(f"dtype=torch.{a.dtype.name}")
     if t.device == "cuda":

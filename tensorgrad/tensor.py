@@ -128,7 +128,7 @@ class Tensor(Extras):
 
     @requires_grad.setter
     def requires_grad(self, value: bool):
-        if value and self._array.dtype.kind not in _FLOAT_KINDS:
+        if value and self.dtype.kind not in _FLOAT_KINDS:
             raise RuntimeError(
                 f"only floating-point tensors can require gradients, got dtype {self._array.dtype}"
             )
@@ -207,6 +207,8 @@ class Tensor(Extras):
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
                 "instead."
             )
+        if self._array.dtype is _devices.BFLOAT16:  # as PyTorch's (NumPy has no bfloat16)
+            raise TypeError("Got unsupported ScalarType BFloat16")
         return to_numpy(self._array)
 
     def __array__(self, dtype=None, copy=None):
@@ -290,7 +292,7 @@ class Tensor(Extras):
 
     def _floating(self) -> Tensor:
         """Self, or an integer tensor as float32 (PyTorch's default dtype, not NumPy's float64)."""
-        return self if self._array.dtype.kind in "fc" else self.astype(DEFAULT_DTYPE)
+        return self if self.dtype.kind in "fc" else self.astype(DEFAULT_DTYPE)
 
     def is_floating_point(self) -> bool:
         return self.dtype.kind == "f"
@@ -351,6 +353,8 @@ class Tensor(Extras):
             other = other.astype(dt)
         elif dt.kind == "f":
             other = float(other)
+        elif dt is _devices.BFLOAT16 and cls in (E.Add, E.Sub):  # as PyTorch's add kernel
+            other = float(dt.type(other))  # (mul and div take the number as it is)
         return cls.apply(other, x) if reflected else cls.apply(x, other)
 
     # (binary operators as one-liners: each is _binary with its op, reflected for __r*__)
@@ -531,14 +535,17 @@ class Tensor(Extras):
 def _same_dtype(x: Tensor, o):
     """PyTorch's matmul takes no mixed dtypes (float32 @ float64 raises)."""
     o = o if isinstance(o, Tensor) else Tensor(o)
-    if o._array.dtype != x._array.dtype:  # the arrays' dtypes: cheaper than the Tensors'
+    if o._array.dtype != x._array.dtype and autograd.graph._state.autocast is None:
         c = {"float32": "float", "float64": "double", "float16": "c10::Half", "int64": "long int"}
+        c["bfloat16"] = "c10::BFloat16"
         a, b = (c.get(d.name, d.name) for d in (x.dtype, o.dtype))
         raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a} != {b}")
     return o
 
 
 class ToDevice(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x, device):
         self.src = device_of(x)
         return to_device(x, device)

@@ -1,6 +1,6 @@
 """PyTorch's other Tensor methods: the ones a GPT does not use, kept apart so that the core
 ``tensor.py`` reads short. More math (sin, clamp, var, norm, cumsum, ...), more shapes
-(flip, roll, movedim, unflatten, *_as), conversions (half, double, pin_memory), ``new_*``
+(flip, roll, movedim, unflatten, *_as), conversions (half, bfloat16, double, pin_memory), ``new_*``
 and ``__format__``. Each is a call into an op or a composition of Tensor methods, as in
 ``tensor.py``; a reader of the core can skip this file.
 
@@ -17,7 +17,7 @@ from .ops import more_shape as MS
 from .ops.dims import size_args, wrap_dim, wrap_dims
 from .ops.nn import LogSoftmax
 from .tensor_select import Select
-from .types import as_dtype
+from .types import as_dtype, bfloat16
 
 
 class Extras(Select):
@@ -48,6 +48,9 @@ class Extras(Select):
 
     def half(self):
         return self.astype(np.float16)
+
+    def bfloat16(self):
+        return self.astype(bfloat16)
 
     def _new_full(self, size, value, dtype, device, requires_grad):
         xp = xp_for(device or self.device)

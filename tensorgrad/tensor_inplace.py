@@ -20,6 +20,7 @@ import numpy as np
 from .autograd import is_grad_enabled
 from .autograd.graph import note_view, op_observers, watch
 from .devices import (
+    BFLOAT16,
     device_of,
     get_array_module,
     is_array,
@@ -44,6 +45,8 @@ def as_array(x, dtype=None, device=None):
         return xp_for("cuda").asarray(x, dtype=dtype)
     if device_of(x) != "cpu":  # already a GPU array (CuPy, or a registered stand-in)
         return x if dtype is None else x.astype(dtype, copy=False)
+    if dtype is not None and np.dtype(dtype) is BFLOAT16:  # as PyTorch's, through float32
+        x = np.asarray(x, dtype=np.float32)
     return np.asarray(x, dtype=dtype)
 
 
@@ -143,7 +146,7 @@ class InPlace:
             raise RuntimeError(
                 f"{op}: result shape {tuple(r.shape)} does not fit the tensor's shape {tuple(self.shape)}"
             )
-        if ra.dtype.kind == "f" and a.dtype.kind != "f":
+        if r.dtype.kind == "f" and self.dtype.kind != "f":  # (bfloat16 is NumPy kind 'V')
             raise RuntimeError(
                 f"{op}: result type {r.dtype} can't be cast to the desired output type {self.dtype}"
             )

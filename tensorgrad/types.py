@@ -3,10 +3,12 @@
 
 A ``dtype`` wraps a NumPy dtype: NumPy and CuPy accept it wherever they take a dtype (through
 its ``.dtype``), it equals the NumPy dtype and its scalar type (``x.dtype == np.float32``),
-and it answers NumPy's attributes (``kind``, ``itemsize``). A ``device`` is a ``str`` ('cpu'
-or 'cuda') with PyTorch's ``.type`` and ``.index``.
+and it answers NumPy's attributes (``kind``, ``itemsize``). ``bfloat16`` wraps ml_dtypes'
+bfloat16 (NumPy kind 'V', 'f' here); without ml_dtypes it is a ``ReducedFloat`` whose use as
+storage raises. A ``device`` is a ``str`` ('cpu' or 'cuda') with PyTorch's ``.type`` and
+``.index``.
 
-Imports: dataclasses, numpy, .devices, .tensor_inplace.
+Imports: dataclasses, ml_dtypes, numpy, .devices, .tensor_inplace.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import dataclasses
 
 import numpy as np
 
-from .devices import parse_device
+from .devices import BFLOAT16, parse_device
 from .tensor_inplace import InPlace
+
+try:  # NumPy's finfo, knowing bfloat16 (np.finfo does since ml_dtypes 0.7)
+    from ml_dtypes import finfo as _finfo
+except ImportError:
+    _finfo = np.finfo
 
 
 class dtype:  # noqa: N801  (torch.dtype)
@@ -26,7 +33,8 @@ class dtype:  # noqa: N801  (torch.dtype)
 
     def __init__(self, np_dtype):
         object.__setattr__(self, "dtype", np.dtype(np_dtype))
-        object.__setattr__(self, "kind", self.dtype.kind)
+        # bfloat16 (ml_dtypes) is NumPy kind 'V'; as a tensor's dtype it is a float
+        object.__setattr__(self, "kind", "f" if self.dtype is BFLOAT16 else self.dtype.kind)
 
     def __repr__(self) -> str:
         return f"torch.{self.dtype.name}"
@@ -57,11 +65,11 @@ class dtype:  # noqa: N801  (torch.dtype)
 
     @property
     def is_floating_point(self) -> bool:
-        return self.dtype.kind == "f"
+        return self.kind == "f"
 
     @property
     def is_signed(self) -> bool:
-        return self.dtype.kind in "fi"
+        return self.kind in "fi"
 
     @property
     def itemsize(self) -> int:
@@ -80,6 +88,33 @@ def as_dtype(d) -> dtype:
         if out is None:
             out = _CACHE[key] = dtype(key)
     return out
+
+
+class ReducedFloat:
+    """``tensorgrad.bfloat16`` without ml_dtypes: accepted by autocast on 'cuda'; as a
+    tensor's dtype it raises TypeError."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"tensorgrad.{self.name}"
+
+    @property
+    def dtype(self):  # NumPy reads .dtype when given this object as a dtype
+        raise TypeError(
+            f"tensorgrad.{self.name} tensors need ml_dtypes (NumPy's {self.name}): "
+            "pip install ml_dtypes"
+        )
+
+    @property
+    def itemsize(self) -> int:
+        return 2
+
+    is_floating_point = True
+
+
+bfloat16 = as_dtype(BFLOAT16) if BFLOAT16 is not None else ReducedFloat("bfloat16")
 
 
 class device(str):  # noqa: N801  (torch.device)
@@ -113,7 +148,7 @@ class finfo:  # noqa: N801  (torch.finfo)
     """Limits of a floating dtype: ``eps``, ``max``, ``min``, ``tiny``, ``bits``, ``resolution``."""
 
     def __init__(self, type_=None):
-        info = np.finfo(np.dtype(type_ if type_ is not None else np.float32))
+        info = _finfo(np.dtype(type_ if type_ is not None else np.float32))
         self.bits, self.dtype = info.bits, repr(as_dtype(info.dtype))[6:]
         self.eps, self.max, self.min = float(info.eps), float(info.max), float(info.min)
         self.tiny = self.smallest_normal = float(info.smallest_normal)
@@ -134,7 +169,7 @@ def is_dtype(x) -> bool:
         return False
     try:
         np.dtype(x)
-    except TypeError:  # a dtype without NumPy storage (tensorgrad.bfloat16) is still a dtype:
+    except TypeError:  # tensorgrad.bfloat16 without ml_dtypes (no storage) is still a dtype:
         return isinstance(getattr(type(x), "dtype", None), property)  # using it says why
     return True
 

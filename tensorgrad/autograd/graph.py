@@ -30,13 +30,14 @@ import numpy as np
 
 from .. import devices as _devices
 from .. import kernels as _kernels
-from ..devices import get_array_module, shares_memory
+from ..devices import BFLOAT16, get_array_module, shares_memory
 
 
 class _GradMode(threading.local):
     enabled = True  # the class attribute is each new thread's default: recording on
     retain_graph = False  # whether the backward running now keeps the graph (a node that
     # holds a whole graph, compile's Replay, releases its parts as it goes unless so)
+    autocast = None  # the CPU autocast block running in this thread (tensorgrad.amp.autocast)
 
 
 class retaining(contextlib.ContextDecorator):
@@ -231,6 +232,7 @@ class Op:
     takes_none = False  # backward takes None for an output that got no gradient (no zeros made)
     holds_graph = False  # releases the parts its backward ran itself (compile's Replay)
     op: str | None = None  # the registry's name for this op (reference Ops only)
+    in_float32 = True  # bfloat16 inputs are computed in float32 (False: ops that move values)
 
     def forward(self, *args, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -259,15 +261,20 @@ class Op:
         # the hot path of every op: small arrays spend more time here than in the arithmetic,
         # so it reads slots (x._array, x._requires_grad) rather than the Tensor properties, in
         # one loop over the inputs
+        if _state.autocast is not None:  # in a CPU autocast block: PyTorch's op lists
+            inputs = _state.autocast.cast_inputs(cls, inputs)
         Tensor = _tensor_type
-        arrays, needs = [], []
+        arrays, needs, bf16 = [], [], False
         for x in inputs:
             if isinstance(x, Tensor):
                 arrays.append(x._array)
                 needs.append(x._requires_grad)
+                bf16 = bf16 or x._array.dtype is BFLOAT16
             else:
                 arrays.append(x)
                 needs.append(False)
+        if bf16 and cls.in_float32:
+            return in_float32(cls, inputs, kwargs)
         if _devices._multi:  # a GPU (or stand-in) module is loaded: no mixing devices
             _devices.check_same_device(cls.__name__.lower(), arrays)
         impl = cls
@@ -330,6 +337,32 @@ class Op:
             if arrays is None:
                 arrays = [x._array if isinstance(x, Tensor) else x for x in inputs]
             self.checks, self.links = _guard_saved(self, inputs, results, arrays)
+
+
+def in_float32(cls, inputs, kwargs):
+    """``cls`` on bfloat16 tensors as PyTorch's CPU kernels compute it: in float32, each
+    floating result rounded once to bfloat16 when the first floating input is bfloat16
+    (layer_norm of bfloat16 with float32 weights is bfloat16; binary ops have promoted their
+    operands before). The casts are recorded ops, so gradients are computed in float32 too
+    and rounded to each input's dtype."""
+    if watch.traces:  # (a compile trace would record the float32 ops, not this rule)
+        note_effect("it computes on bfloat16 tensors, which compile does not trace")
+    Tensor, first = _tensor_type, None
+    up = list(inputs)
+    for i, x in enumerate(inputs):
+        if isinstance(x, Tensor) and (x._array.dtype is BFLOAT16 or x._array.dtype.kind == "f"):
+            first = x._array.dtype if first is None else first
+            up[i] = x.float() if x._array.dtype is BFLOAT16 else x
+    block, _state.autocast = _state.autocast, None  # (the op's autocast cast is done)
+    try:
+        out = cls.apply(*up, **kwargs)
+    finally:
+        _state.autocast = block
+    if first is not BFLOAT16:
+        return out
+    outs = out if isinstance(out, tuple) else (out,)
+    down = [o.to(BFLOAT16) if o._array.dtype.kind == "f" else o for o in outs]
+    return tuple(down) if isinstance(out, tuple) else down[0]
 
 
 def _scalars_as_arrays(fn: Op, outs) -> tuple:

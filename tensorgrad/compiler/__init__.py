@@ -99,6 +99,8 @@ class CompiledForward:
             return self.fn(*args, **kwargs)  # the outer trace records its ops and its Python
         try:
             key, live = signature(args, kwargs, self.module, is_grad_enabled(), self.state)
+            block = tape._state.autocast  # a CPU autocast block casts ops: guarded, as dynamo
+            key += (block and block.fast_dtype,)
         except Uncompilable as e:
             self._say(str(e))
             return self.fn(*args, **kwargs)

@@ -1,15 +1,17 @@
 """The losses a GPT does not use, as F functions: ``nll_loss``, ``mse_loss``, ``l1_loss``,
 ``binary_cross_entropy_with_logits``, ``one_hot``, and the branches of ``F.cross_entropy``
 for class probabilities (``soft_cross_entropy``) and label smoothing
-(``smoothed_cross_entropy``). ``tensorgrad.nn.functional`` re-exports the F names.
+(``smoothed_cross_entropy``). ``tensorgrad.nn.functional`` re-exports the F names. Each is
+on PyTorch's CPU autocast float32 list: in an autocast block its inputs are cast to float32.
 
-Imports: numpy, .activations, ..autograd, ..devices, ..tensor.
+Imports: numpy, .activations, ..amp, ..autograd, ..devices, ..tensor.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..amp import float32_inputs
 from ..autograd import is_grad_enabled
 from ..autograd.graph import note_value_read
 from ..devices import get_array_module
@@ -29,11 +31,13 @@ def _reduce(rows: Tensor, reduction: str, op: str) -> Tensor:
 
 def mse_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
     """mean((x - target)²) (broadcast, as PyTorch)."""
+    x, target = float32_inputs(x, target)
     d = x - target
     return _reduce(d * d, reduction, "mse_loss")
 
 
 def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
+    x, target = float32_inputs(x, target)
     return _reduce((x - target).abs(), reduction, "l1_loss")
 
 
@@ -64,6 +68,7 @@ def nll_loss(logp: Tensor, target, weight=None, ignore_index: int = -100, reduct
     if getattr(weight, "requires_grad", False) and is_grad_enabled():
         raise RuntimeError("nll_loss: the derivative for 'weight' is not implemented (detach it)")
     note_value_read(target, "nll_loss's kept targets")
+    (logp,) = float32_inputs(logp)
     x, tf = _classes_last(logp, t)
     keep = tf != ignore_index
     xp = get_array_module(tf)
@@ -81,6 +86,7 @@ def nll_loss(logp: Tensor, target, weight=None, ignore_index: int = -100, reduct
 
 def soft_cross_entropy(logits: Tensor, target, weight, reduction: str, eps: float) -> Tensor:
     """cross_entropy against class probabilities: -sum_c weight_c·target_c·log p_c per row."""
+    logits, target = float32_inputs(logits, target)
     t = target if isinstance(target, Tensor) else Tensor(target)
     if t.shape != logits.shape:
         raise ValueError(
@@ -106,6 +112,7 @@ def binary_cross_entropy_with_logits(
 ) -> Tensor:
     """-[pos_weight·y·log σ(x) + (1-y)·log(1-σ(x))]·weight, written with
     log σ(x) = -softplus(-x) so that large |x| stay finite."""
+    x, target = float32_inputs(x, target)
     y = target if isinstance(target, Tensor) else Tensor(target)
     log1p_exp = ((-x.abs()).exp() + 1.0).log() + (-x).relu()  # softplus(-x) = -log σ(x)
     if pos_weight is None:
@@ -124,6 +131,7 @@ def smoothed_cross_entropy(logits, target, ignore_index, reduction, eps, cross_e
     gives each position's -log p[target]."""
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {eps}")
+    (logits,) = float32_inputs(logits)
     nll = cross_entropy(logits, target, ignore_index=ignore_index, reduction="none")
     cdim = 1 if logits.ndim > 1 else 0
     uniform = -log_softmax(logits, cdim).mean(cdim)  # (N, d1, ...): -mean_c log p_c

@@ -1,7 +1,7 @@
 """The module machinery: ``Parameter``, ``Module`` (registration, traversal, state dicts,
 .to(), train/eval, forward hooks) and the containers ``ModuleList`` and ``ModuleDict``.
 
-Imports: collections, numpy, ..autograd, ..devices, ..tensor.
+Imports: collections, numpy, ..autograd, ..devices, ..tensor, ..types.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..autograd.graph import model_epoch, note_effect
 from ..autograd.graph import watch as _watch
 from ..devices import get_array_module, to_device
 from ..tensor import Tensor, to_args
+from ..types import as_dtype, bfloat16
 
 
 class Parameter(Tensor):
@@ -38,6 +39,7 @@ class Parameter(Tensor):
 
 _TENSOR_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long"}
 _TENSOR_TYPES.update(int32="Int", int16="Short", int8="Char", uint8="Byte", bool="Bool")
+_TENSOR_TYPES["bfloat16"] = "BFloat16"
 
 
 def _type_name(value) -> str:
@@ -348,7 +350,7 @@ class Module:
             arr = t.array
             if device is not None:
                 arr = to_device(arr, device)
-            if dtype is not None and arr.dtype.kind == "f":
+            if dtype is not None and as_dtype(arr.dtype).kind == "f":
                 arr = arr.astype(dtype)
             if arr is not t.array:
                 t.array = arr
@@ -371,6 +373,9 @@ class Module:
 
     def half(self):
         return self.to(np.float16)
+
+    def bfloat16(self):
+        return self.to(bfloat16)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -34,7 +34,10 @@ def _promote(a, b):
     ca, cb = category(a), category(b)
     if ca != cb:
         return np.dtype(a if ca > cb else b)
-    return np.promote_types(a, b)
+    try:
+        return np.promote_types(a, b)
+    except TypeError:  # bfloat16 with float16 before ml_dtypes 0.7: float32, as PyTorch
+        return DEFAULT_FLOAT
 
 
 def _combine(higher, lower):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..autograd import Op, unbroadcast, xp_of
 from ..autograd.graph import is_tensor
-from ..devices import errstate, get_array_module
+from ..devices import BFLOAT16, errstate, get_array_module
 
 
 def _shape(a):
@@ -215,6 +215,8 @@ class Sigmoid(Op):
 class Where(Op):
     """where(cond, x, y): the gradient goes to x where cond holds, to y elsewhere."""
 
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, cond, x, y):
         xp = get_array_module(cond, x, y)
         self.save(cond)
@@ -232,6 +234,8 @@ class Where(Op):
 
 class MaskedFill(Op):
     """x with ``value`` wherever the (broadcast) boolean mask is True."""
+
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
 
     def forward(self, x, mask, value):
         xp = get_array_module(x)
@@ -251,8 +255,12 @@ class MaskedFill(Op):
 
 
 class Cast(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x, dtype):
         self.dtype_in = x.dtype
+        if dtype is BFLOAT16 and x.dtype != "float32":  # as PyTorch's, through float32 (a
+            x = x.astype("float32")  # float64 rounds twice: to float32, then to bfloat16)
         return x.astype(dtype)
 
     def backward(self, g):

@@ -153,6 +153,8 @@ class WriteView(Op):
     ``put(a, v)`` writes it. The gradient for base is g outside the region, for v the region
     of g (summed back to v's shape when v was broadcast)."""
 
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, base, v, get, put):
         put(base, v)
         self.get, self.put, self.v_shape = get, put, getattr(v, "shape", ())
@@ -169,6 +171,8 @@ class WriteView(Op):
 
 class ReadView(Op):
     """The region ``get(base)`` of base as a view (a view of a tensor rewritten in place)."""
+
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
 
     def forward(self, base, get):
         self.get, self.shape = get, base.shape

@@ -36,6 +36,8 @@ def resolve_shape(shape, size: int, old_shape) -> tuple:
 
 
 class Reshape(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x.reshape(resolve_shape(shape, x.size, x.shape))
@@ -45,6 +47,8 @@ class Reshape(Op):
 
 
 class Permute(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x, dims):
         if len(dims) != x.ndim:
             raise ValueError(
@@ -83,6 +87,8 @@ class Expand(Op):
 
 
 class Contiguous(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x):
         return get_array_module(x).ascontiguousarray(x)
 
@@ -140,6 +146,8 @@ def _own_key(key):
 class GetItem(Op):
     """x[key]; the backward of integer-array indexing accumulates repeated indices."""
 
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, x, key):
         _check_bounds(x, key)
         # index arrays are small: a recorded op keeps copies, so that a later change to them
@@ -178,6 +186,8 @@ class IndexAdd(Op):
 
 
 class Cat(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, *xs, dim=0):
         xp = get_array_module(*xs)
         nd = xs[0].ndim
@@ -204,6 +214,8 @@ class Cat(Op):
 
 
 class Stack(Op):
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
+
     def forward(self, *xs, dim=0):
         xp = get_array_module(*xs)
         if any(x.shape != xs[0].shape for x in xs):
@@ -217,6 +229,8 @@ class Stack(Op):
 
 class Split(Op):
     """Cut x along ``dim`` into pieces of the given sizes; outputs are views."""
+
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
 
     multi_output = True
 
@@ -236,6 +250,8 @@ class Split(Op):
 
 class Clone(Op):
     """A copy in new memory (x.clone())."""
+
+    in_float32 = False  # moves values: bfloat16 stays bfloat16
 
     def forward(self, x):
         return x.copy()
