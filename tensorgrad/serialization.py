@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from .devices import to_device, to_numpy
+from .devices import BFLOAT16, to_device, to_numpy
 from .tensor import Tensor
 from .types import rebuild_dataclass
 
@@ -53,6 +53,8 @@ _DTYPES = {  # safetensors' names for the dtypes NumPy stores (little-endian on 
     "F64": np.float64,
     "C64": np.complex64,
 }
+if BFLOAT16 is not None:  # (ml_dtypes): st_save writes it as U16, then _bf16_header says BF16
+    _DTYPES["BF16"] = BFLOAT16
 _STORED = {np.dtype(t) for t in _DTYPES.values()}
 _ITEMSIZE = {k: np.dtype(t).itemsize for k, t in _DTYPES.items()}
 _MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__", "__object__")
@@ -68,6 +70,19 @@ def _host(x) -> np.ndarray:
     if a.dtype.newbyteorder("=") not in _STORED:  # complex128, str, object, structured...
         raise TypeError(f"save: cannot store dtype {a.dtype} (safetensors has no such dtype)")
     return np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes a 0-d array 1-d
+
+
+def _bf16_header(data: bytes, names: list) -> bytes:
+    """The safetensors bytes with the entries ``names`` marked BF16 (written as U16)."""
+    if not names:
+        return data
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    for k in names:
+        header[k]["dtype"] = "BF16"
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)  # (the data starts 8-aligned, as safetensors writes it)
+    return len(h).to_bytes(8, "little") + h + data[8 + n :]
 
 
 def _encode(obj, arrays: dict, path: str, depth: int = 0):
@@ -211,7 +226,10 @@ def save(obj, f) -> None:
     else that is not a regular file (a device, a FIFO, a directory) is refused, unchanged."""
     arrays: dict = {}
     tree = _encode(obj, arrays, "")
-    data = st_save(arrays, metadata={_KEY: json.dumps(tree)})
+    bf16 = [k for k, a in arrays.items() if a.dtype == BFLOAT16]
+    for k in bf16:  # (safetensors' NumPy writer knows no bfloat16: its bits, as U16)
+        arrays[k] = arrays[k].view(np.uint16)
+    data = _bf16_header(st_save(arrays, metadata={_KEY: json.dumps(tree)}), bf16)
     shown = os.fspath(f)
     path = _target(shown)
     fd, tmp = _create_beside(path, shown)

@@ -454,7 +454,7 @@ class Tensor(Extras):
     def view(self, *shape_):
         """The same memory with another shape; raises where NumPy would have to copy."""
         if len(shape_) == 1 and is_dtype(shape_[0]) and not isinstance(shape_[0], int):
-            raise RuntimeError("view(dtype) is not supported; use .to(dtype)")
+            return self._view_dtype(as_dtype(shape_[0]))
         out = shape_ops.Reshape.apply(self, size_args(shape_))
         shared = shares_memory(out.array, self._array)
         if out.array.size and not shared:

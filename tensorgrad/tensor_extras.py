@@ -25,6 +25,21 @@ class Extras(Select):
 
     __slots__ = ()
 
+    def _view_dtype(self, dt):
+        """``view(dtype)``: the same bytes read as another dtype (llm.c writes bfloat16 as
+        ``t.view(torch.int16)``); the last dimension scales by the itemsizes' ratio, as
+        PyTorch's. Not differentiable: the result requires no grad."""
+        a, size = self._array, np.dtype(dt.dtype).itemsize
+        if size != a.dtype.itemsize and (a.ndim == 0 or not a.flags.c_contiguous):
+            raise RuntimeError(
+                f"view({dt}): a {self.dtype} tensor with another itemsize must be contiguous "
+                "with at least one dimension"
+            )
+        try:
+            return type(self)(a.view(dt.dtype))
+        except ValueError as e:
+            raise RuntimeError(f"view({dt}) of shape {tuple(self.shape)}: {e}") from None
+
     def element_size(self) -> int:
         return int(self._array.dtype.itemsize)
 

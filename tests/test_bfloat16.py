@@ -438,3 +438,28 @@ def test_without_ml_dtypes_bfloat16_says_how_to_install_it():
     assert lines[0] == "tensorgrad.bfloat16"
     said = "tensorgrad.bfloat16 tensors need ml_dtypes (NumPy's bfloat16): pip install ml_dtypes"
     assert lines[1:] == [said] * 3
+
+
+def test_view_as_int16_gives_the_bits_as_llm_c_writes_them():
+    """llm.c's write_bf16: ``t.to(torch.bfloat16).view(torch.int16).numpy().tobytes()``."""
+    x = tg.tensor(np.array([[1.0, -2.5, 3.1415927, 65504.0]], np.float32))
+    bits = x.to(tg.bfloat16).view(tg.int16)
+    assert bits.dtype == tg.int16 and bits.shape == (1, 4)
+    want = (x.numpy().view(np.uint32) + 0x7FFF + ((x.numpy().view(np.uint32) >> 16) & 1)) >> 16
+    np.testing.assert_array_equal(bits.numpy().view(np.uint16), want.astype(np.uint16))
+    assert x.view(tg.int32).shape == (1, 4) and x.view(tg.int16).shape == (1, 8)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        tg.randn(2, 3).t().view(tg.int16)
+
+
+def test_save_and_load_keep_bfloat16_as_safetensors_bf16(tmp_path):
+    import json
+
+    x = tg.randn(3, 5).to(tg.bfloat16)
+    tg.save({"w": x, "f": tg.ones(2)}, tmp_path / "ck.pt")
+    back = tg.load(tmp_path / "ck.pt")
+    assert back["w"].dtype == tg.bfloat16 and back["f"].dtype == tg.float32
+    np.testing.assert_array_equal(back["w"].view(tg.int16).numpy(), x.view(tg.int16).numpy())
+    raw = (tmp_path / "ck.pt").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16", "F32"}
