@@ -140,7 +140,10 @@ def main(argv=None) -> int:
             )
         results[name] = rows
     out = ROOT / "benchmarks" / "results" / f"sample-{datetime.date.today():%Y%m%d}.json"
-    out.write_text(json.dumps({"machine": d, "shape": args.shape, "results": results}, indent=1))
+    load = os.getloadavg()  # (the machine's load over the last minute, 5 and 15)
+    print(f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    report = {"machine": d, "shape": args.shape, "load_average": load, "results": results}
+    out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out.relative_to(ROOT)}")
     return 0
 

@@ -250,8 +250,12 @@ def _load(a):
         )
     model, tok, ckpt, d = load_model(out_dir, a.which, a.device)
     v = ckpt.get("val_loss")
-    loss = f"{v:.4f}" if isinstance(v, (int, float)) else "not evaluated"
-    return model, tok, f"{d} (iter {ckpt.get('iter')}, val loss {loss})"
+    measured = isinstance(v, (int, float)) and ckpt.get("evaluated", True)
+    loss = f"val loss {v:.4f}" if measured else "not evaluated at this iteration"
+    where = f"{d} (iter {ckpt.get('iter')}, {loss})"
+    if a.which == "best" and d.name != "best":  # the run stopped before its first best/
+        where += ": best/ holds no checkpoint yet, so the latest"
+    return model, tok, where
 
 
 def main(argv: list[str] | None = None) -> int:

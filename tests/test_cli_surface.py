@@ -133,7 +133,7 @@ def test_slow_first_step_is_explained_once_and_not_counted_in_the_eta(capsys, mo
     w.step(2.0, 1e-3, 1000.0, 3.0)
     w.close()
     err = capsys.readouterr().err
-    assert "3.0 s: the CPU kernels loaded from the cache (33), 4 generated for this" in err
+    assert "3.0 s: the CPU kernels came from the cache (33 loaded), 4 generated for this" in err
     q = progress("cpu")
     q.step(2.0, 1e-3, 1000.0, SLOW_FIRST_STEP_S / 2)
     q.close()

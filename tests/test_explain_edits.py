@@ -133,6 +133,7 @@ def test_an_attention_scale_edit_shows_in_the_scores(tok, monkeypatch, scale):
     np.testing.assert_allclose(s, q @ k.T * scale / math.sqrt(hs), rtol=1e-5, atol=1e-7)
     sc = stage(r, "h0.scores")
     assert "/ √hs" not in sc["formula"] and "scale / math.sqrt(hs)" in sc["formula"]
+    assert sc["name"] == "scores"  # (the stage keeps its name; its formula is the code)
     assert sc["where"][0][0] == "tests/test_explain_edits.py"
     seen = np.tril(np.ones(s.shape, bool))  # the report's attention scores: the same tensor
     np.testing.assert_allclose(

@@ -9,6 +9,7 @@ last number is within 50% of the last of them. The prints are matched to the out
 in order.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -106,6 +107,13 @@ def test_the_reading_path_points_at_the_code_it_names():
         if code not in "\n".join(lines[a - 1 : b]):
             where = [n + 1 for n, line in enumerate(lines) if code.split("\n")[0] in line]
             pytest.fail(f"README: {file}:{a}-{b} should hold `{code}`; it is at lines {where}")
+        if code.startswith("def "):  # a function: the range is the whole of it, no more
+            fn = next(
+                n for n in ast.walk(ast.parse("\n".join(lines)))
+                if isinstance(n, ast.FunctionDef) and n.name == code[4:]
+            )  # fmt: skip
+            want = (fn.lineno, fn.end_lineno)
+            assert (a, b) == want, f"README: {file}:{a}-{b} should be {want[0]}-{want[1]}"
 
 
 def test_ci_installs_and_tests_what_the_readme_says():

@@ -317,3 +317,23 @@ def test_finetune_init_from_then_sample(hf_dir, corpus, tmp_path, capsys):
     assert code == 0 and text.startswith("is")
     # the fine-tuned run resumes like any other
     assert train.main(["--resume", "--out-dir", str(out), "--max-iters", "3"]) == 0
+
+
+def test_a_run_without_best_says_it_samples_the_latest_and_not_a_stale_loss(
+    run_dir, tmp_path, capsys
+):
+    """A run stopped before its first best/ (or --overwrite, then Ctrl-C early): gpt-sample
+    takes the latest checkpoint and says so, and a loss measured at another iteration is
+    not shown as this checkpoint's."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    shutil.rmtree(out / "best")
+    ckpt = json.loads((out / rc.CKPT_JSON).read_text())
+    ckpt["evaluated"] = False  # (stopped between evaluations: val_loss is an older one's)
+    (out / rc.CKPT_JSON).write_text(json.dumps(ckpt))
+    code, _, err = sample_main(capsys, "--out-dir", str(out), "--max-new-tokens", "5")
+    assert code == 0, err
+    assert "iter 4, not evaluated at this iteration" in err
+    assert "best/ holds no checkpoint yet, so the latest" in err

@@ -241,8 +241,8 @@ class _Walk:
             formula = self.formula(short, ev, formula)
         else:
             name, formula, axes = _what_ran(ev), _formula_of(ev), ()
-        if formula is None:  # the ops fit, the constants do not: say what ran
-            name, formula = _what_ran(ev), _formula_of(ev)
+        if formula is None:  # the ops fit, the constants do not: the stage, as written
+            formula = _formula_of(ev)
         if not self.fits(axes, t.shape):
             axes = self.guess_axes(t.shape)
         place = ev.place

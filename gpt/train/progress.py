@@ -25,10 +25,8 @@ def first_step_why(device: str) -> str:
             f"{n['compiled']} CPU kernels compiled and cached ({n['loaded']} loaded from the "
             "cache): later runs load them"
         )
-    return (
-        f"the CPU kernels loaded from the cache ({n['loaded']}), "
-        f"{n['generated']} generated for this model compiled"
-    )
+    made = f", {n['generated']} generated for this model compiled" if n["generated"] else ""
+    return f"the CPU kernels came from the cache ({n['loaded']} loaded){made}"
 
 
 class Metrics:
@@ -115,7 +113,7 @@ class Progress:
                 f"compiled: the model's forward, {s['ops'][-1]} traced ops, replays as "
                 f"{s['steps'][-1]} steps"
                 + (f" ({'; '.join(made)})" if made else "")
-                + f"; traced in {s['trace_s']:.1f} s"
+                + f"; traced and planned in {s['trace_s']:.1f} s, in the second step"
             )
         for reason in s["eager"]:
             self.write(f"not compiled: the model's forward runs eagerly: {reason}")

@@ -158,8 +158,7 @@ def _attention_text(r, labels, full: bool):
         sums = w.sum(axis=1)
         upper = w[np.triu_indices(T, k=1)]
         out.append(
-            f"head {h['head']}: softmax(q·kᵀ/√hs + mask); rows = query t, columns = key s,"
-            f" · = masked"
+            f"head {h['head']}: softmax(scores + mask); rows = query t, columns = key s, · = masked"
         )
         matrix_lines(out, h["weights"], labels, lambda v: f"{v:.4f}", r["causal_mask"], n)
         out.append(
