@@ -60,6 +60,14 @@ _ITEMSIZE = {k: np.dtype(t).itemsize for k, t in _DTYPES.items()}
 _MARKERS = ("__tensor__", "__array__", "__scalar__", "__tuple__", "__items__", "__object__")
 
 
+class _Arrays(dict):
+    """save's arrays by name, and ``seen``: id -> (name, the array object stored under it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict = {}
+
+
 class _Refused(Exception):
     """Why a file cannot be loaded; load() turns it into one ValueError line with the path."""
 
@@ -91,10 +99,14 @@ def _encode(obj, arrays: dict, path: str, depth: int = 0):
     d = depth + 1
     is_tensor = isinstance(obj, Tensor)
     if is_tensor or isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
-        name = path or "_"
-        while name in arrays:  # {"a.b": x, "a": {"b": y}} spell the same path
-            name += "'"
-        arrays[name] = _host(obj.array if is_tensor else obj)
+        src = obj.array if is_tensor else obj
+        name, _ = arrays.seen.get(id(src), (None, None))  # one array twice (tied weights):
+        if name is None:  # stored once
+            name = path or "_"
+            while name in arrays:  # {"a.b": x, "a": {"b": y}} spell the same path
+                name += "'"
+            arrays[name] = _host(src)
+            arrays.seen[id(src)] = (name, src)  # (src kept alive: its id is not reused)
         return {"__tensor__" if is_tensor else "__array__": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
@@ -224,7 +236,7 @@ def save(obj, f) -> None:
     mid-write leaves the old file intact. A symbolic link ``f`` is written through, to its
     target (as torch.save does), and a file replaced keeps its permission bits; anything
     else that is not a regular file (a device, a FIFO, a directory) is refused, unchanged."""
-    arrays: dict = {}
+    arrays = _Arrays()
     tree = _encode(obj, arrays, "")
     bf16 = [k for k, a in arrays.items() if a.dtype == BFLOAT16]
     for k in bf16:  # (safetensors' NumPy writer knows no bfloat16: its bits, as U16)
@@ -416,15 +428,15 @@ def _is_int(v) -> bool:
 
 
 def _reader(fh, header: dict, start: int):
-    """take(name): the array of entry name, read from its offsets; each name at most once."""
-    taken = set()
+    """take(name): the array of entry name, read from its offsets once; named again (an
+    array saved once for two entries, as tied weights), the same array again."""
+    taken: dict = {}
 
     def take(name) -> np.ndarray:
-        known = isinstance(name, str) and name in header
-        if not known or name in taken:
-            what = "an array twice" if known else "a missing array"
-            raise _Refused(f"is corrupt: its {_KEY} names {what} ({_short(name)})")
-        taken.add(name)
+        if not (isinstance(name, str) and name in header):
+            raise _Refused(f"is corrupt: its {_KEY} names a missing array ({_short(name)})")
+        if name in taken:
+            return taken[name]
         t = header[name]
         a = np.empty(t["shape"], np.dtype(_DTYPES[t["dtype"]]).newbyteorder("<"))
         buf, got = memoryview(a.reshape(-1).view(np.uint8)), 0
@@ -434,6 +446,7 @@ def _reader(fh, header: dict, start: int):
             if not k:
                 raise _Refused(f"is corrupt: the file ended inside {_short(name)}")
             got += k
+        taken[name] = a
         return a
 
     return take

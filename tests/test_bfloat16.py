@@ -463,3 +463,16 @@ def test_save_and_load_keep_bfloat16_as_safetensors_bf16(tmp_path):
     raw = (tmp_path / "ck.pt").read_bytes()
     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16", "F32"}
+
+
+def test_tied_weights_are_saved_once_and_load_shared(tmp_path):
+    """A state dict naming one tensor twice (GPT-2's wte and lm_head) stores its bytes once,
+    as torch.save does; the loaded entries share their memory. Distinct scalars stay
+    distinct (a temporary array's id is never taken for another's)."""
+    w = tg.randn(64, 32)
+    tg.save({"wte": w, "lm_head": w, "a": np.float32(1.0), "b": np.float32(2.0)}, tmp_path / "t")
+    assert (tmp_path / "t").stat().st_size < 64 * 32 * 4 * 1.5
+    back = tg.load(tmp_path / "t")
+    assert np.shares_memory(back["wte"].array, back["lm_head"].array)
+    np.testing.assert_array_equal(back["wte"].numpy(), w.numpy())
+    assert (back["a"], back["b"]) == (1.0, 2.0)

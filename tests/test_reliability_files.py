@@ -149,7 +149,6 @@ def test_load_refuses_malformed_tensor_entries(tmp_path, header):
         {"x": {"__tensor__": "missing"}},
         {"x": {"__tensor__": 3}},
         {"x": {"__tensor__": ["a"]}},
-        {"x": {"__tensor__": "a"}, "y": {"__array__": "a"}},  # one array named twice
         {"x": {"__tensor__": "a", "extra": 1}},
         {"x": {"__array__": None}},
         {"x": {"__tuple__": 3}},
