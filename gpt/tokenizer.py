@@ -11,7 +11,9 @@ Pass `allowed_special={"<|endoftext|>"}` (or "all") to turn the literal into the
 round trip `decode(encode(s)) == s` holds either way.
 
 The BPE tokenizer reads and writes GPT-2's `vocab.json` + `merges.txt` pair, so a real GPT-2
-tokenizer directory (50257 tokens, `<|endoftext|>` = 50256) loads unchanged.
+tokenizer directory (50257 tokens, `<|endoftext|>` = 50256) loads unchanged. It encodes in
+tiktoken when that is installed (the `tiktoken` extra), with the same ids as its own Python
+code (`BPETokenizer.backend` says which runs; benchmarks/tokenizer.py measures both).
 """
 
 from __future__ import annotations
@@ -303,6 +305,27 @@ def _class_body(codepoints: list[int]) -> str:
 
 
 @functools.cache
+def _unicode_classes() -> tuple[list[int], list[int]]:
+    """The code points of \\p{L} (letters) and \\p{N} (numbers) in Python's `unicodedata`."""
+    letters, numbers = [], []
+    for cp, cat in enumerate(map(unicodedata.category, map(chr, range(0x110000)))):
+        if cat[0] == "L":
+            letters.append(cp)
+        elif cat[0] == "N":
+            numbers.append(cp)
+    return letters, numbers
+
+
+def _compile_split(letters: list[int], numbers: list[int]) -> re.Pattern[str]:
+    L, N, S = _class_body(letters), _class_body(numbers), _class_body(_WHITE_SPACE)
+    return re.compile(
+        r"'s|'t|'re|'ve|'m|'ll|'d"
+        rf"| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+"
+        rf"|[{S}]+(?![^{S}])|[{S}]+"
+    )
+
+
+@functools.cache
 def gpt2_split_pattern() -> re.Pattern[str]:
     """GPT-2's pre-tokenizer regex, rebuilt for the standard `re` module.
 
@@ -312,16 +335,118 @@ def gpt2_split_pattern() -> re.Pattern[str]:
     `unicodedata` once (~0.3 s, on first use), and whitespace is Unicode's White_Space set.
     The only difference from GPT-2 is the Unicode version: characters assigned after the
     version Python's `unicodedata` knows (14.0 for Python 3.11) count as "other".
+    `split_gpt2(s)` gives the same pieces as `findall(s)`, about 5x faster.
     """
-    letters, numbers = [], []
-    for cp, cat in enumerate(map(unicodedata.category, map(chr, range(0x110000)))):
-        if cat[0] == "L":
-            letters.append(cp)
-        elif cat[0] == "N":
-            numbers.append(cp)
-    L, N, S = _class_body(letters), _class_body(numbers), _class_body(_WHITE_SPACE)
-    return re.compile(
-        r"'s|'t|'re|'ve|'m|'ll|'d"
+    return _compile_split(*_unicode_classes())
+
+
+@functools.cache
+def _bmp_split_pattern() -> re.Pattern[str]:
+    # The same pattern without the classes' ranges above U+FFFF: `re` tests a character of the
+    # Basic Multilingual Plane against a bitmap, then against every range beyond it (hundreds),
+    # so this one matches text without such characters about 5x faster, with the same pieces.
+    letters, numbers = _unicode_classes()
+    return _compile_split([c for c in letters if c <= 0xFFFF], [c for c in numbers if c <= 0xFFFF])
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SPLIT_CHUNK = 1 << 12  # characters per part of a text with characters beyond U+FFFF
+
+
+@functools.cache
+def _cut_pattern() -> re.Pattern[str]:
+    # A character that is not whitespace, followed by whitespace: no piece of GPT-2's pattern
+    # spans that boundary (only a whitespace piece holds whitespace past its first character,
+    # and it holds nothing else) and matching after it never looks back, so the text can be
+    # cut there and the pieces of the parts are the pieces of the whole.
+    S = _class_body(_WHITE_SPACE)
+    return re.compile(f"[^{S}](?=[{S}])")
+
+
+def split_gpt2(s: str, chunk: int = _SPLIT_CHUNK) -> list[str]:
+    """`gpt2_split_pattern().findall(s)`, faster: text without characters beyond U+FFFF is
+    split by a pattern without those ranges; other text is cut into parts of about `chunk`
+    characters at boundaries no piece spans, and only the parts that hold such characters
+    take the full pattern."""
+    if s.isascii() or not _ASTRAL.search(s):
+        return _bmp_split_pattern().findall(s)
+    full, bmp, cut = gpt2_split_pattern(), _bmp_split_pattern(), _cut_pattern()
+    pieces: list[str] = []
+    start, n = 0, len(s)
+    while start < n:
+        m = cut.search(s, start + chunk) if start + chunk < n else None
+        end = m.end() if m else n
+        part = s[start:end]
+        pieces += (full if _ASTRAL.search(part) else bmp).findall(part)
+        start = end
+    return pieces
+
+
+def _rust_class_body(codepoints) -> str:
+    """Character-class text for code points in the syntax of tiktoken's regex engine (Rust's
+    `regex`, through `fancy-regex`): `\\x{61}-\\x{7A}` runs."""
+    runs = []
+    cps = sorted(codepoints)
+    start = prev = cps[0]
+    for cp in [*cps[1:], -1]:
+        if cp != prev + 1:
+            runs.append(f"\\x{{{start:X}}}" + ("" if start == prev else f"-\\x{{{prev:X}}}"))
+            start = cp
+        prev = cp
+    return "".join(runs)
+
+
+def _every_character() -> str:
+    """Every code point but the surrogates, in order."""
+    return "".join(map(chr, itertools.chain(range(0xD800), range(0xE000, 0x110000))))
+
+
+def _tiktoken_matches(pattern: str, text: str) -> set[int]:
+    """The code points of `text` that tiktoken's regex engine matches with `pattern` (tiktoken
+    drops the text between matches; with one token per byte, the rest decodes back)."""
+    import tiktoken
+
+    single_bytes = {bytes([b]): b for b in range(256)}
+    enc = tiktoken.Encoding(
+        name="probe", pat_str=pattern, mergeable_ranks=single_bytes, special_tokens={}
+    )
+    return set(map(ord, enc.decode_bytes(enc.encode_ordinary(text)).decode("utf-8")))
+
+
+@functools.cache
+def _tiktoken_classes() -> tuple[str, str, str]:
+    """Letters, numbers and whitespace for tiktoken's engine, exactly `gpt2_split_pattern`'s,
+    each as an item of a character class (`\\p{L}`, or a `[...]` set).
+
+    tiktoken's engine knows a newer Unicode than Python's `unicodedata` (16.0 against 14.0 for
+    tiktoken 0.14 and Python 3.11: 9,272 more letters). Its \\p{L}, \\p{N} and \\s run
+    faster than the ranges spelled out, so the classes keep them and take away (or add) what
+    they hold beyond (or lack against) Python's, found by asking the engine (~0.3 s, once).
+    """
+    every = _every_character()
+
+    def engine_class(prop: str, ours: list[int]) -> str:
+        matched, ours_set = _tiktoken_matches(prop, every), set(ours)
+        extra, lacking = matched - ours_set, ours_set - matched
+        cls = f"[{prop}--[{_rust_class_body(extra)}]]" if extra else prop
+        return f"[{cls}{_rust_class_body(lacking)}]" if lacking else cls
+
+    letters, numbers = _unicode_classes()
+    return (
+        engine_class(r"\p{L}", letters),
+        engine_class(r"\p{N}", numbers),
+        engine_class(r"\s", _WHITE_SPACE),
+    )
+
+
+@functools.cache
+def _tiktoken_split_pattern() -> str:
+    """`gpt2_split_pattern` for tiktoken, with its classes (`_tiktoken_classes`): GPT-2's own
+    pattern, where the classes are the engine's \\p{L}, \\p{N} and \\s."""
+    L, N, S = _tiktoken_classes()
+    return (
+        r"'(?:[sdmt]|ll|ve|re)"
         rf"| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+"
         rf"|[{S}]+(?![^{S}])|[{S}]+"
     )
@@ -401,8 +526,11 @@ def _learn_merges(
     return token_bytes, merges
 
 
-_NO_MERGE = (float("inf"), -1)
+_NO_MERGE = (float("inf"), -1, -1, -1)
+_NO_MERGES = itertools.repeat(_NO_MERGE)  # the default of every rank lookup in `_bpe`
 _CACHE_LIMIT = 200_000
+_TIKTOKEN_AFTER = 4 << 20  # characters encoded in Python before tiktoken is set up
+TIKTOKEN_INSTALL = "pip install tiktoken (or, in a checkout, pip install -e '.[tiktoken]')"
 
 
 class BPETokenizer(Tokenizer):
@@ -414,11 +542,26 @@ class BPETokenizer(Tokenizer):
     token (`<|endoftext|>` in GPT-2), whose bytes are its literal UTF-8 text. Strings with lone
     surrogates (not valid Unicode) still encode, via their 'surrogatepass' bytes; decoding uses
     errors='replace', so those and any id sequence that cuts a character in half give U+FFFD.
+
+    Encoding runs in tiktoken (Rust) when it is installed (`pip install tiktoken`, or the
+    `tiktoken` extra) and the vocabulary is one whose merges tiktoken reproduces (checked, see
+    `_tiktoken_ranks`), else in Python; the ids are the same either way. By default texts
+    go through Python until tiktoken pays for its set-up (about 1 s, once 4 M characters
+    would have gone through Python), and text with lone surrogates always does.
+    `use_tiktoken=False` keeps Python, True sets tiktoken up on first use or says why it
+    cannot; `backend` says which one runs (asking sets it up) and `backend_reason` why not
+    tiktoken.
     """
 
     kind = "bpe"
 
-    def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]]):
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: Sequence[tuple[str, str]],
+        *,
+        use_tiktoken: bool | None = None,
+    ):
         # vocab.json is untrusted input: ids as strings or huge ids would fail obscurely below
         if not isinstance(vocab, dict) or not all(
             isinstance(t, str) and type(i) is int and 0 <= i < MAX_TOKEN_ID
@@ -436,7 +579,8 @@ class BPETokenizer(Tokenizer):
             if u not in vocab:
                 raise ValueError(f"vocab lacks the token for byte {b} ({u!r})")
             self._byte_ids[b] = vocab[u]
-        self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
+        # (left id, right id) -> (rank, merged id, left id, right id): `_bpe` takes the min
+        self._ranks: dict[tuple[int, int], tuple[int, int, int, int]] = {}
         made = set(b2u.values())
         for rank, (a, b) in enumerate(merges):
             missing = [t for t in (a, b, a + b) if t not in vocab]
@@ -445,7 +589,8 @@ class BPETokenizer(Tokenizer):
                     f"merge {rank} ({_q(a)} {_q(b)}) needs {_q(missing[0])}, not in vocab"
                 )
             # A repeated merge keeps its first (highest priority) rank, as GPT-2's dict does.
-            self._ranks.setdefault((vocab[a], vocab[b]), (rank, vocab[a + b]))
+            ia, ib = vocab[a], vocab[b]
+            self._ranks.setdefault((ia, ib), (rank, vocab[a + b], ia, ib))
             made.add(a + b)
         self.vocab = dict(vocab)
         self.merges = [(a, b) for a, b in merges]
@@ -454,8 +599,14 @@ class BPETokenizer(Tokenizer):
         for t, i in vocab.items():
             special = t in self.special_tokens
             self._id_bytes[i] = t.encode("utf-8") if special else bytes(u2b[c] for c in t)
-        self._pattern = gpt2_split_pattern()
         self._cache: dict[str, list[int]] = {}
+        if use_tiktoken not in (None, True, False):
+            raise ValueError(f"use_tiktoken must be None, True or False, not {_q(use_tiktoken)}")
+        self._use_tiktoken = use_tiktoken
+        self._tiktoken = None  # the tiktoken.Encoding, once `backend` has chosen it
+        self._backend: str | None = None  # "tiktoken" or "python", once chosen
+        self._backend_reason = ""  # why Python runs, when it does
+        self._python_chars = 0  # encoded in Python before choosing (see `encode_ordinary`)
 
     @classmethod
     def train(
@@ -474,12 +625,11 @@ class BPETokenizer(Tokenizer):
         n_tokens = vocab_size - len(special_tokens)
         if n_tokens < 256:
             raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
-        pattern = gpt2_split_pattern()
         splitter = re.compile("|".join(map(re.escape, special_tokens))) if special_tokens else None
         counts: Counter[str] = Counter()
         for text in [texts] if isinstance(texts, str) else texts:
             for chunk in splitter.split(text) if splitter else [text]:
-                counts.update(pattern.findall(chunk))
+                counts.update(split_gpt2(chunk))
         token_bytes, merge_ids = _learn_merges(counts, n_tokens)
 
         b2u = byte_to_unicode()
@@ -493,16 +643,21 @@ class BPETokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return len(self._id_bytes)
 
-    def _bpe(self, piece: str) -> list[int]:
-        ids = [self._byte_ids[b] for b in piece.encode("utf-8", "surrogatepass")]
-        ranks = self._ranks
+    def _bpe(self, piece: bytes) -> list[int]:
+        """GPT-2's merge loop on one piece's bytes: merge every occurrence, left to right, of
+        the adjacent pair with the lowest merge rank until no adjacent pair is a merge."""
+        byte_ids = self._byte_ids
+        ids = [byte_ids[b] for b in piece]
+        get = self._ranks.get
         while len(ids) > 1:
-            pair = min(itertools.pairwise(ids), key=lambda p: ranks.get(p, _NO_MERGE))
-            hit = ranks.get(pair)
-            if hit is None:
+            pairs = list(zip(ids, ids[1:]))
+            _rank, new, a, b = min(map(get, pairs, _NO_MERGES))
+            if new < 0:
                 break
-            a, b = pair
-            new = hit[1]
+            if pairs.count((a, b)) == 1:  # the usual case
+                i = pairs.index((a, b))
+                ids[i : i + 2] = (new,)
+                continue
             merged, i, n = [], 0, len(ids)
             while i < n:
                 if i + 1 < n and ids[i] == a and ids[i + 1] == b:
@@ -514,17 +669,103 @@ class BPETokenizer(Tokenizer):
             ids = merged
         return ids
 
+    @property
+    def backend(self) -> str:
+        """Which code encodes: "tiktoken" or "python" (see the class doc; asking chooses)."""
+        if self._backend is None:
+            self._choose_backend()
+        return self._backend
+
+    @property
+    def backend_reason(self) -> str:
+        """Why `backend` is "python" (empty when it is "tiktoken")."""
+        return "" if self.backend == "tiktoken" else self._backend_reason
+
+    def _choose_backend(self) -> None:
+        note = ""
+        if self._use_tiktoken is False:
+            note = "use_tiktoken=False"
+        else:
+            try:
+                import tiktoken
+            except ImportError:
+                note = f"tiktoken is not installed: {TIKTOKEN_INSTALL}"
+            else:
+                ranks, note = self._tiktoken_ranks()
+                if ranks is not None:
+                    self._tiktoken = tiktoken.Encoding(
+                        name=f"gpt-bpe-{self.vocab_size}",
+                        pat_str=_tiktoken_split_pattern(),
+                        mergeable_ranks=ranks,
+                        # only for tiktoken's own decode: `encode` splits them off before
+                        special_tokens=dict(self.special_tokens),
+                    )
+            if self._tiktoken is None and self._use_tiktoken:
+                raise ValueError(f"use_tiktoken=True, but {note}")
+        self._backend = "python" if self._tiktoken is None else "tiktoken"
+        self._backend_reason = note
+
+    def _tiktoken_ranks(self) -> tuple[dict[bytes, int] | None, str]:
+        """tiktoken's `mergeable_ranks` (token bytes -> id) for this vocabulary, or None and why
+        not. tiktoken merges, among adjacent parts whose concatenation is a token, the one with
+        the lowest id; GPT-2 (`_bpe`) merges the adjacent pair with the lowest merge rank. They
+        agree when each merge makes a new token, ids grow with merge order, each merge joins
+        tokens made before it, and every token's own bytes merge back into that token (then no
+        pair of parts that is not a merge can ever be adjacent and spell a token: the bytes of
+        that token would merge as those parts do and stop there). Vocabularies that `train`
+        makes hold all four unless it made a token twice, from two different pairs; tiktoken's
+        own GPT-2 encoding relies on GPT-2's holding them (the real files are not checked
+        here: the tests cannot download them)."""
+        made = set(self._byte_ids)
+        last = -1
+        for _rank, new, a, b in sorted(self._ranks.values()):
+            if new in made:
+                return None, f"two merges make token {new}"
+            if new < last:
+                return None, f"token {new} is made after token {last}, a higher id"
+            if a not in made or b not in made:
+                return None, f"the merge that makes token {new} joins a token made after it"
+            made.add(new)
+            last = new
+        table = self._id_bytes
+        for _rank, new, _a, _b in self._ranks.values():
+            if self._bpe(table[new]) != [new]:
+                return None, f"token {new}'s own bytes do not merge back into it"
+        return {table[i]: i for i in made}, ""
+
     def encode_ordinary(self, s: str) -> list[int]:
+        if self._backend is None:
+            # Setting tiktoken up costs about a second (`_tiktoken_ranks` runs every token's
+            # bytes through `_bpe`, `_tiktoken_split_pattern` probes the engine), what Python
+            # takes for about 4 MB: prompts and small corpora encode in Python, and a text
+            # that would take Python past 4 M characters sets tiktoken up first.
+            if self._use_tiktoken is None and self._python_chars + len(s) <= _TIKTOKEN_AFTER:
+                self._python_chars += len(s)
+                return self._encode_python(s)
+            self._choose_backend()
+        # tiktoken takes valid Unicode only (it would turn lone surrogates into U+FFFD)
+        if self._tiktoken is not None and (s.isascii() or not _SURROGATE.search(s)):
+            return self._tiktoken.encode_ordinary(s)
+        return self._encode_python(s)
+
+    def _encode_python(self, s: str) -> list[int]:
         out: list[int] = []
+        extend = out.extend
         cache = self._cache
-        for piece in self._pattern.findall(s):
-            ids = cache.get(piece)
+        get = cache.get
+        for piece in split_gpt2(s):
+            ids = get(piece)
             if ids is None:
-                ids = self._bpe(piece)
+                ids = self._bpe(piece.encode("utf-8", "surrogatepass"))
                 if len(cache) < _CACHE_LIMIT:
                     cache[piece] = ids
-            out.extend(ids)
+            extend(ids)
         return out
+
+    def __getstate__(self) -> dict:
+        # Without the tiktoken.Encoding: the copy chooses again where it is unpickled, so it
+        # loads (and runs in Python) where tiktoken is not installed.
+        return {**self.__dict__, "_tiktoken": None, "_backend": None}
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = list(ids)
@@ -557,7 +798,9 @@ class BPETokenizer(Tokenizer):
         atomic_write(directory / "merges.txt", "\n".join(lines) + "\n")
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> BPETokenizer:
+    def load(
+        cls, directory: str | os.PathLike, *, use_tiktoken: bool | None = None
+    ) -> BPETokenizer:
         """Read `vocab.json` + `merges.txt` (ours or a real GPT-2 tokenizer directory)."""
         directory = Path(directory)
         vocab = read_json(directory / "vocab.json")
@@ -568,7 +811,7 @@ class BPETokenizer(Tokenizer):
             for line in lines
             if line.strip() and not line.startswith("#version")
         ]
-        return cls(vocab, merges)
+        return cls(vocab, merges, use_tiktoken=use_tiktoken)
 
 
 def _split_merge(line: str) -> tuple[str, str]:
