@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gpt.pretokenize as P
 import gpt.tokenizer as T
 from gpt.tokenizer import EOT, BPETokenizer, byte_to_unicode, gpt2_split_pattern, split_gpt2
 
@@ -122,7 +123,7 @@ def test_split_gpt2_gives_the_patterns_pieces(s, chunk):
 
 
 def test_split_gpt2_on_the_varied_text():
-    for chunk in (1, 7, 100, T._SPLIT_CHUNK):
+    for chunk in (1, 7, 100, P._SPLIT_CHUNK):
         assert split_gpt2(CORPUS, chunk) == gpt2_split_pattern().findall(CORPUS)
 
 
@@ -238,15 +239,15 @@ def test_tiktoken_splits_with_pythons_unicode():
 @needs_tiktoken
 def test_tiktoken_classes_are_pythons():
     # each class of the pattern given to tiktoken, run by tiktoken's engine on every character
-    every = T._every_character()
-    letters, numbers = map(set, T._unicode_classes())
-    space = set(T._WHITE_SPACE)
-    L, N, S = T._tiktoken_classes()
-    assert T._tiktoken_matches(f"[{L}]", every) == letters
-    assert T._tiktoken_matches(f"[{N}]", every) == numbers
-    assert T._tiktoken_matches(f"[{S}]", every) == space
+    every = P._every_character()
+    letters, numbers = map(set, P._unicode_classes())
+    space = set(P._WHITE_SPACE)
+    L, N, S = P._tiktoken_classes()
+    assert P._tiktoken_matches(f"[{L}]", every) == letters
+    assert P._tiktoken_matches(f"[{N}]", every) == numbers
+    assert P._tiktoken_matches(f"[{S}]", every) == space
     other = set(map(ord, every)) - letters - numbers - space
-    assert T._tiktoken_matches(f"[^{S}{L}{N}]", every) == other
+    assert P._tiktoken_matches(f"[^{S}{L}{N}]", every) == other
 
 
 def _vocab(merges: list[tuple[str, str]], ids: list[int] | None = None) -> dict[str, int]:
