@@ -28,6 +28,7 @@ _WHITE_SPACE = [
 ]
 
 
+@functools.cache
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's map from each byte to a printable character, in GPT-2's id order.
 

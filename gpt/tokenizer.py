@@ -18,7 +18,6 @@ code (`BPETokenizer.backend` says which runs; benchmarks/tokenizer.py measures b
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import json
@@ -29,9 +28,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .pretokenize import (
+from .pretokenize import (  # (gpt2_split_pattern: the pattern itself, named here too)
     SURROGATE,
     byte_to_unicode,
+    gpt2_split_pattern,  # noqa: F401
     split_gpt2,
     tiktoken_split_pattern,
 )
@@ -265,7 +265,6 @@ class CharTokenizer(Tokenizer):
 # --------------------------------------------------------------------------- byte-level BPE
 
 
-@functools.cache
 def _learn_merges(
     word_counts: dict[str, int], n_tokens: int
 ) -> tuple[list[bytes], list[tuple[int, int]]]:
