@@ -40,3 +40,16 @@ def _seed():
 
     tg.manual_seed(0)
     np.random.seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _kernel_switches_kept():
+    """A test that switches kernels on or off puts them back: under TG_KERNELS=0 every later
+    test must still run the reference ops (a docs example once left them on, and a test
+    comparing with the references saw the kernels' rounding)."""
+    from tensorgrad import kernels
+
+    before = (kernels.is_enabled(), sorted(kernels._disabled))
+    yield
+    after = (kernels.is_enabled(), sorted(kernels._disabled))
+    assert after == before, f"the test left the kernel switches at {after}, not {before}"

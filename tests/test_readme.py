@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import tensorgrad as tg
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -63,8 +65,12 @@ def block_id(i: int) -> str:
 
 
 @pytest.mark.parametrize("i", range(len(BLOCKS)), ids=block_id)
-def test_doc_example_runs(i, capsys):
+def test_doc_example_runs(i, capsys, monkeypatch):
     page, code = BLOCKS[i]
+    # an example may switch kernels on or off (docs/internals.md does): not for later tests,
+    # which under TG_KERNELS=0 must still run the reference ops
+    monkeypatch.setattr(tg.kernels, "_enabled", tg.kernels.is_enabled())
+    monkeypatch.setattr(tg.kernels, "_disabled", set(tg.kernels._disabled))
     exec(compile(code, str(page), "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out.strip().splitlines()
     assert out
