@@ -46,17 +46,19 @@ def gpt_config(shape: str, T: int | None = None, block_size: int | None = None):
 
 
 def set_threads(n: int, torch_too: bool) -> None:
-    """Limit NumPy's BLAS (threadpoolctl) and, when asked, torch's intra-op pool to n."""
+    """Limit NumPy's BLAS (threadpoolctl) and, when asked, torch's intra-op pool to n;
+    tensorgrad's thread governor is pinned at n (benchmarks.busy measures it)."""
     from threadpoolctl import threadpool_limits
 
     global _limits
     _limits = threadpool_limits(limits=n)  # kept alive so that the limit holds
     if not torch_too:  # tensorgrad's numba kernels (and attention's head threads) use numba's
+        import tensorgrad  # (first: its kernels start numba's pool passive, as in a user's
+        # process; numba.set_num_threads before it would start it spinning)
+
+        tensorgrad.set_num_threads(n)  # n threads, as asked: the governor measures not
         try:
             import numba
-
-            import tensorgrad  # noqa: F401  (first: its kernels start numba's pool passive,
-            # as in a user's process; set_num_threads before it would start it spinning)
 
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
         except ImportError:

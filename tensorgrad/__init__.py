@@ -74,6 +74,7 @@ from .factory import (
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 from .kernels import cpu_blas as _cpu_blas  # noqa: F401  (OpenBLAS's idle wait, set at import)
 from .kernels import cpu_chunked  # noqa: F401  (registers the CPU kernels)
+from .kernels.threads import get_num_threads, set_num_threads
 from .ops import tensor_xp  # noqa: F401  (registers the namespace differentiable backwards use)
 from .ops.dtypes import result_type
 from .sampling import Generator, default_generator, manual_seed, multinomial, randint, randperm
@@ -197,6 +198,8 @@ __all__ = [
     "compile",
     "set_float32_matmul_precision",
     "get_float32_matmul_precision",
+    "set_num_threads",
+    "get_num_threads",
     "version",
     "utils",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tensorgrad import kernels
 from tensorgrad.compiler import CompileWarning, compiled_forward
+from tensorgrad.kernels import threads
 
 from .. import diagnostics as diag
 from ..store.checkpoint import atomic_write_bytes
@@ -94,6 +95,9 @@ class Progress:
             self.bar.unpause()  # the rate and ETA count from after the first step
         if not self.compile_said:
             self.compiled()
+        chose = threads.choice()  # the thread counts measured over the compiled steps
+        if chose:
+            self.write(chose)
         self.bar.update(1)
         self.bar.set_postfix(
             loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False

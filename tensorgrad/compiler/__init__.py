@@ -27,7 +27,7 @@ How (docs/compile.md tells it on the GPT block):
   once. ``fullgraph=True`` raises instead.
 
 Imports: dataclasses, sys, threading, time, warnings, .fuse, .guards, .patterns, .replay, .trace,
-..autograd, ..tensor.
+..autograd, ..kernels, ..tensor.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import warnings
 
 from ..autograd import graph as tape
 from ..autograd.graph import constant, is_grad_enabled
+from ..kernels import threads
 from ..tensor import Tensor
 from .fuse import FusedElementwise, plan
 from .guards import ModuleState, Uncompilable, signature, state_guards
@@ -224,6 +225,9 @@ class CompiledForward:
             return v.graph
 
     def _replay(self, graph: Graph, live, args, kwargs):
+        if graph.device == "cpu":  # the thread counts are measured over these calls
+            grad = is_grad_enabled()
+            threads.tick((id(self), grad, threading.get_ident()), grad)
         used = [
             live[s].detach()
             if s not in graph.grad_used and isinstance(live[s], Tensor) and live[s].requires_grad

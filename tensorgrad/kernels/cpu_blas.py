@@ -1,8 +1,9 @@
-"""NumPy's OpenBLAS threads: how long they spin idle before they sleep.
+"""NumPy's OpenBLAS threads: how long they spin idle before they sleep, and how many run.
 
 ``import tensorgrad`` calls ``tune_blas_wait`` once (``TG_BLAS_TUNING=0`` turns it off);
-docs/internals.md and docs/performance.md say why. Not part of the core: a CPU speed setting,
-like the kernels beside it.
+docs/internals.md and docs/performance.md say why. ``blas_threads`` / ``set_blas_threads``
+read and set the thread count at run time (kernels/threads.py measures which is fastest).
+Not part of the core: a CPU speed setting, like the kernels beside it.
 
 Imports: ctypes, numpy, os, threading.
 """
@@ -81,6 +82,42 @@ def tune_blas_wait(level: int = BLAS_WAIT) -> bool:
     if timeout() != int(level):
         return False
     restart()
+    return True
+
+
+_COUNT: list = []  # [(get, set)] of NumPy's OpenBLAS thread count, or [None]: found once
+
+
+def _count_calls():
+    if not _COUNT:
+        path, calls = _numpy_openblas(), None
+        if path is not None:
+            try:
+                lib = ctypes.CDLL(path)
+                get, put = _first(lib, "get_num_threads"), _first(lib, "set_num_threads")
+                if get is not None and put is not None:
+                    put.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
+                    calls = (get, put)
+            except OSError:
+                pass
+        _COUNT.append(calls)
+    return _COUNT[0]
+
+
+def blas_threads() -> int | None:
+    """The threads NumPy's OpenBLAS runs a product on now, or None where it cannot be read."""
+    calls = _count_calls()
+    return None if calls is None else int(calls[0]())
+
+
+def set_blas_threads(n: int) -> bool:
+    """Run NumPy's OpenBLAS products on n threads from now on (at most its pool's size, which
+    it fixed at load). False where that cannot be set. The bits of a product do not change
+    with n: OpenBLAS splits a product over its rows and columns, never along its sums."""
+    calls = _count_calls()
+    if calls is None:
+        return False
+    calls[1](max(1, int(n)))
     return True
 
 

@@ -22,7 +22,7 @@ in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment com
 every kernel it meets (a char-small training step: 12-15 s on the 2-core machine of
 benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
 
-Imports: math, numba, numpy, os, .numba_math, .register, ..autograd, ..ops.
+Imports: math, numba, numpy, os, .numba_math, .register, .threads, ..autograd, ..ops.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from numba import prange
 
 from ..autograd import Op
 from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
-from . import register
+from . import register, threads
 from .numba_math import (
     exp32,
     exp32_in_place,
@@ -89,14 +89,13 @@ PARALLEL_MIN = 1 << 19  # elements below which one thread runs a kernel: waking 
 
 
 def kernel_threads() -> int:
-    """Threads for the numba kernels: TG_KERNEL_THREADS, default every core this process may
-    use. The pool is started passive (:func:`_start_pool`), so that its threads sleep at once
+    """Threads for the numba kernels: TG_KERNEL_THREADS, else the count kernels/threads.py
+    pinned or measured, else every core this process may use. The pool is started passive (:func:`_start_pool`), so that its threads sleep at once
     after a kernel rather than spin against OpenBLAS's: with a spinning pool a char-small
     training step took 305 ms on 2 threads against 43 ms on 1, passive 40 ms (family 25
     model 17, Zen 4, 2 cores).
     """
-    env = os.environ.get("TG_KERNEL_THREADS", "")
-    return max(1, int(env)) if env else _CORES
+    return threads.kernel_threads(_CORES)
 
 
 _CORES = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
