@@ -59,8 +59,9 @@ def gemm(fw: str, sizes=(2048, 4096), reps: int = 5) -> dict:
 
 
 # ----------------------------------------------------------------------------- training step
-def train(fw: str, shape: str, reps: int) -> dict:
-    """Forward + backward + AdamW step of one GPT: median time, its phases, the first losses."""
+def train(fw: str, shape: str, reps: int, settle: int = 0) -> dict:
+    """Forward + backward + AdamW step of one GPT: median time, its phases, the first losses.
+    ``settle``: untimed steps first (tensorgrad's thread governor measures over its first)."""
     L, H, C, T, B, V = SHAPES[shape]
     cfg = gpt_config(shape, T, T)
     t = time.perf_counter()
@@ -88,10 +89,12 @@ def train(fw: str, shape: str, reps: int) -> dict:
     step()  # the first step also allocates AdamW's moments
     first_s = time.perf_counter() - t
     step()
+    for _ in range(settle):
+        step()
     # a repetition is at least 0.3 s of steps (one step at the larger sizes): a tiny model's
     # single 5 ms step is at the mercy of the VM's scheduler, in both frameworks alike
     m = measure(step, reps, warmup=2, min_rep_s=0.3)
-    timed = phases[4:]
+    timed = phases[4 + settle :]
     return dict(
         m,
         shape=shape,

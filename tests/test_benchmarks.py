@@ -93,3 +93,23 @@ def test_sample_benchmark_ways_run():
     for way in sample.WAYS[:3]:
         r = sample.worker(way, "tiny", 2)
         assert r["way"] == way and r["tokens"] == 2 and r["per_token_s"] > 0
+
+
+def test_gemm_floor_counts_exactly_the_steps_products():
+    """benchmarks/floor.py's products carry the step's FLOPs: estimate_flops_per_token(T)·B·T
+    less 6·B·T per 1-D parameter (biases and LayerNorm weights: no GEMM reads them)."""
+    import tensorgrad as tg
+    from benchmarks import floor
+    from benchmarks.common import SHAPES, gpt_config
+    from gpt.model import GPT
+
+    _, _, _, T, B, _ = SHAPES["char-small"]
+    tg.manual_seed(0)
+    model = GPT(gpt_config("char-small", T, T))
+    one_d = sum(p.numel() for p in model.parameters() if len(p.shape) == 1)
+    products = floor.gemms("char-small")
+    assert (
+        sum(p.flops for p in products)
+        == model.estimate_flops_per_token(T) * B * T - 6 * B * T * one_d
+    )
+    assert sum(p.bwd for p in products) == 2 * sum(not p.bwd for p in products)
