@@ -14,6 +14,7 @@ directory's (gpt.checkpoint.check_hf_dir). Every failure is one `HubError` line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ from .store.errors import CheckpointError
 from .store.validate import check_memory, estimate_bytes, gib
 
 HUB_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json")
+TOKENIZER_FILES = ("vocab.json", "merges.txt")  # what tokenizer_dir fetches
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 INSTALL = "pip install -e '.[hf]'"
 # one part of a repo id, as the hub allows them: letters, digits, '-', '_', '.'
@@ -117,14 +119,13 @@ def _fetch(repo: str, revision: str | None) -> Path:
     """snapshot_download in two steps: config.json (checked, memory estimated), then the rest."""
     where = repo + (f"@{revision}" if revision else "")
     hub = _import_hub(where)
-    from huggingface_hub import constants, errors
+    from huggingface_hub import constants
 
     offline = bool(constants.HF_HUB_OFFLINE)
-    cache = constants.HF_HUB_CACHE
-    try:
+    with _hub_errors(where, repo, revision):
         snap = Path(hub.snapshot_download(repo, revision=revision, allow_patterns=["config.json"]))
         names, complete = _listing(hub, repo, snap, offline)
-        _check_names(where, names, complete, cache)
+        _check_names(where, names, complete, constants.HF_HUB_CACHE)
         config = hf_config(read_json(snap / "config.json", 1 << 20), f"{where}: config.json")
         need = estimate_bytes(config, train=False)
         check_memory(need, f"the GPT-2 {where} ({gib(need // 12)} of weights)")
@@ -138,6 +139,32 @@ def _fetch(repo: str, revision: str | None) -> Path:
                 local_files_only=not complete,
             )
         )
+    if not (snap / "model.safetensors").is_file():  # the listing did not know it was missing
+        raise HubError(f"{where} has no model.safetensors in the Hugging Face cache ({snap})")
+    return snap
+
+
+def tokenizer_dir(repo: str = "gpt2", revision: str | None = None) -> Path:
+    """The local directory of a hub repo's GPT-2 tokenizer (vocab.json and merges.txt) alone,
+    fetched into the hub cache without the weights (token shards need only the tokenizer)."""
+    where = repo + (f"@{revision}" if revision else "")
+    hub = _import_hub(where)
+    with _hub_errors(where, repo, revision):
+        snap = Path(
+            hub.snapshot_download(repo, revision=revision, allow_patterns=list(TOKENIZER_FILES))
+        )
+    if not all((snap / f).is_file() for f in TOKENIZER_FILES):
+        raise HubError(f"{where} has no GPT-2 tokenizer (vocab.json and merges.txt)")
+    return snap
+
+
+@contextlib.contextmanager
+def _hub_errors(where: str, repo: str, revision: str | None):
+    """huggingface_hub's failures as one HubError line each."""
+    from huggingface_hub import constants, errors
+
+    try:
+        yield
     except errors.GatedRepoError:
         raise HubError(
             f"{where} is gated on the Hugging Face hub: accept its terms on huggingface.co "
@@ -151,7 +178,8 @@ def _fetch(repo: str, revision: str | None) -> Path:
     except errors.RevisionNotFoundError:
         raise HubError(f"the Hugging Face hub repo {repo!r} has no revision {revision!r}") from None
     except errors.LocalEntryNotFoundError:
-        if offline:
+        cache = constants.HF_HUB_CACHE
+        if constants.HF_HUB_OFFLINE:
             raise HubError(
                 f"{where} is not a local directory nor in the Hugging Face cache ({cache}), and "
                 "HF_HUB_OFFLINE is set: check the name and revision, or fetch it once online"
@@ -166,9 +194,6 @@ def _fetch(repo: str, revision: str | None) -> Path:
         raise HubError(
             f"cannot fetch {where} from the Hugging Face hub: {_first_line(e)}"
         ) from None
-    if not (snap / "model.safetensors").is_file():  # the listing did not know it was missing
-        raise HubError(f"{where} has no model.safetensors in the Hugging Face cache ({snap})")
-    return snap
 
 
 def _listing(hub, repo: str, snap: Path, offline: bool) -> tuple[set[str], bool]:

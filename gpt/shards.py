@@ -238,8 +238,8 @@ def scan_shards(root: str | os.PathLike, headers: list[tuple], vocab_size: int) 
 
 def shard_tokenizer(root: str | os.PathLike):
     """GPT-2's tokenizer for a folder of shards: its vocab.json + merges.txt if it has them,
-    else the hub's gpt2 (as --init-from gpt2 fetches it; needs the hf extra)."""
-    from .hub import resolve
+    else the hub's gpt2's two files alone, not its weights (needs the hf extra)."""
+    from .hub import tokenizer_dir
     from .tokenizer import load_tokenizer_dir
 
     root = Path(root)
@@ -247,7 +247,7 @@ def shard_tokenizer(root: str | os.PathLike):
         source = root
     else:
         try:
-            source = resolve("gpt2")
+            source = tokenizer_dir("gpt2")
         except CheckpointError as e:
             raise DataError(
                 f"{root} holds GPT-2 token ids but not GPT-2's tokenizer (vocab.json and "

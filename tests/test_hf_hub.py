@@ -298,3 +298,29 @@ def test_real_gpt2_from_the_hub():
     model = GPT.from_pretrained("gpt2")  # ~550 MB into the default hub cache, once
     assert model.config.n_layer == 12 and model.config.vocab_size == 50257
     assert (resolve("gpt2") / "vocab.json").is_file()
+
+
+# ----------------------------------------------------------------------------- token shards
+def test_shards_take_gpt2s_tokenizer_from_the_hub_without_its_weights(cache, tmp_path, bpe):
+    """Token shards need GPT-2's vocab.json + merges.txt only: tokenizer_dir fetches those two
+    (here from the offline cache, where the weights are not), and a repo without them is one
+    line."""
+    from test_shards import shard_dir
+
+    from gpt.shards import shard_tokenizer
+
+    d = tmp_path / "tok"
+    bpe.save(d)
+    publish(cache, "gpt2", {f: (d / f).read_bytes() for f in hub.TOKENIZER_FILES})
+    got = hub.tokenizer_dir("gpt2")
+    assert sorted(p.name for p in got.iterdir()) == sorted(hub.TOKENIZER_FILES)
+    with pytest.raises(HubError, match="no model.safetensors|not in the Hugging Face cache"):
+        resolve("gpt2")  # the weights are not there: the full fetch would need them
+    data = shard_dir(tmp_path / "shards", "npy")
+    for f in hub.TOKENIZER_FILES:
+        (data / f).unlink(missing_ok=True)
+    assert shard_tokenizer(data).encode("the king rode") == bpe.encode("the king rode")
+    publish(cache, "owner/empty", {"README.md": b"no tokenizer"})
+    with pytest.raises(HubError) as e:
+        hub.tokenizer_dir("owner/empty")
+    assert one_line(e) == "owner/empty has no GPT-2 tokenizer (vocab.json and merges.txt)"

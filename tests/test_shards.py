@@ -394,7 +394,7 @@ def test_no_tokenizer_and_no_hub_is_one_line(tmp_path, monkeypatch, capsys):
     def no_hub(name):
         raise HubError(f"{name} is not a local directory, and fetching it needs huggingface_hub")
 
-    monkeypatch.setattr("gpt.hub.resolve", no_hub)
+    monkeypatch.setattr("gpt.hub.tokenizer_dir", no_hub)
     assert gpt_train(data, tmp_path / "out", "--max-iters", "1") == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
