@@ -9,19 +9,25 @@ changes while a run goes on.
 
 So it is measured. Each replay of a compiled forward ticks the governor: the calls of one
 forward under one grad mode in one thread drive it (a training step each, or a sampled
-token), and a training forward takes it over from an evaluation's. After WARMUP ticks, the
-time from one tick to the next is measured under each setting of ``Governor.settings()``
-(each pool at every core or at one) in turn, ROUNDS times; the fastest median is kept, and
-``choice()`` says it in one line. When the time between ticks drifts from that median by
-DRIFT either way, it measures again (at most once every RETRY ticks). What the code
-computes does not change with the setting: OpenBLAS splits a product over its rows and
-columns, never along its sums, and the kernels sum in blocks of a fixed size
-(tests/test_kernel_determinism.py, tests/test_threads.py).
+token); a training forward takes it over from an evaluation's at once, any other only after
+STALE_S without a call, and a forward that measured before gets its setting back without
+measuring again. After WARMUP ticks, the time from one tick to the next is measured under
+each setting of ``Governor.settings()`` (each pool at every core or at one) in turn, ROUNDS
+times; the fastest median is kept, and ``choice()`` says it in one line. The kept setting's
+calls are watched in windows of WINDOW: two windows in a row whose median is DRIFT times
+slower or faster than its first window's (a program started or stopped) measure again, at
+least RETRY calls after the last measuring (twice that each time the same setting wins
+again). What the code computes does not change with the setting: OpenBLAS splits a product
+over its rows and columns, never along its sums, and the kernels sum in blocks of a fixed
+size (tests/test_kernel_determinism.py, tests/test_threads.py).
 
 ``TG_THREADS=N`` in the environment, or ``tensorgrad.set_num_threads(N)`` (PyTorch's name),
-pins both pools at N and turns the measuring off; a pool pinned by its own variable
-(OPENBLAS_NUM_THREADS / OMP_NUM_THREADS for OpenBLAS, TG_KERNEL_THREADS for the kernels)
-keeps its count and only the other is measured. Eager code (not compiled) never ticks it.
+pins both pools at N and turns the measuring off. A pool's own variable wins over both
+(OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS for OpenBLAS, TG_KERNEL_THREADS
+for the kernels; NUMBA_NUM_THREADS bounds them), and OpenBLAS is never set above the pool it
+started with. A count that someone else sets at run time (threadpoolctl's
+``threadpool_limits``) stands: from then on only the kernels are measured. Eager code (not
+compiled) never ticks it. A forked child starts with no forward driving it.
 
 Imports: os, statistics, threading, time, .cpu_blas.
 """
@@ -47,7 +53,12 @@ _CORES = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
 
 def _env_int(name: str) -> int | None:
     v = os.environ.get(name, "").strip()
-    return max(1, int(v)) if v.isdigit() else None
+    return max(1, int(v)) if v.isascii() and v.isdigit() else None
+
+
+def _blas_pinned() -> bool:
+    """OpenBLAS's count was set by its own variables, which it read at load."""
+    return any(_env_int(v) for v in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"))
 
 
 class Governor:
@@ -58,15 +69,23 @@ class Governor:
         self.clock, self._apply = clock, apply
         self._settings = settings
         self.blas = cpu_blas.blas_threads()  # OpenBLAS's count at the start: its pool's size
+        self.blas_set: int | None = None  # the count this governor gave OpenBLAS last
+        self.blas_user = False  # someone else set OpenBLAS's count since (threadpoolctl)
         self.pinned = _env_int("TG_THREADS")  # TG_THREADS=N: both pools at N
         self.kernels: int | None = None  # the kernels' count now (None: every core)
+        self.known: dict = {}  # forward -> (setting kept, RETRY spacing): resumed, not measured
+        self.news: str | None = None
+        self._reset()
+        if self.pinned is not None:
+            self.set(self.pinned, self.pinned)
+
+    def _reset(self) -> None:
+        """No forward drives it (at the start, and in a forked child)."""
         self.lock = threading.Lock()
         self.owner, self.owner_grad, self.last, self.seen = None, False, 0.0, 0
         self.phase, self.schedule, self.i, self.times = "warmup", [], 0, {}
-        self.recent: list[float] = []
-        self.kept, self.base, self.measured_at, self.news = None, 0.0, -RETRY, None
-        if self.pinned is not None:
-            self.set(self.pinned, self.pinned)
+        self.kept, self.retry = None, RETRY
+        self.recent, self.base, self.drifted, self.measured_at = [], None, 0, 0
 
     # ------------------------------------------------------------------ settings
     def settings(self) -> list[tuple]:
@@ -75,18 +94,22 @@ class Governor:
         if self._settings is not None:
             return list(self._settings)
         blas = self.blas  # (not the count now, which a setting tried may have lowered)
-        pinned_blas = any(_env_int(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))
-        b = [None] if blas is None or pinned_blas or blas == 1 else [blas, 1]
-        k = [None] if _env_int("TG_KERNEL_THREADS") or _CORES == 1 else [_CORES, 1]
+        mine = blas is not None and blas > 1 and not _blas_pinned() and not self.blas_user
+        b = [blas, 1] if mine else [None]
+        numba = _env_int("NUMBA_NUM_THREADS")  # numba's pool: no more kernel threads than it
+        cores = min(_CORES, numba) if numba else _CORES
+        k = [None] if _env_int("TG_KERNEL_THREADS") or cores == 1 else [cores, 1]
         return [(x, y) for x in b for y in k]
 
     def set(self, blas: int | None, kernels: int | None) -> None:
-        """Set the pools (None: leave that one as it is)."""
+        """Set the pools (None: leave that one as it is). OpenBLAS is never set above its
+        pool's size at the start, nor where its own variables or another library set it."""
         if self._apply is not None:
             self._apply(blas, kernels)
             return
-        if blas is not None:
-            cpu_blas.set_blas_threads(blas)
+        if blas is not None and not _blas_pinned() and not self.blas_user and self.blas:
+            self.blas_set = min(blas, self.blas)
+            cpu_blas.set_blas_threads(self.blas_set)
         if kernels is not None:
             self.kernels = kernels
 
@@ -99,17 +122,20 @@ class Governor:
     # ------------------------------------------------------------------ ticks
     def tick(self, key, grad: bool = True) -> None:
         """A call of a compiled forward (``key``: which forward, grad mode, thread; ``grad``:
-        a training call, which takes the governor over from one that is not)."""
+        a training call). A training forward takes the governor over from an evaluation's
+        at once; an evaluation takes it from training only after STALE_S without a call; a
+        forward that had measured before resumes its setting without measuring again."""
         if self.pinned is not None:
             return
         now = self.clock()
         with self.lock:
             if key != self.owner:
-                if self.owner is not None and now - self.last < STALE_S:
-                    if not grad or self.owner_grad:
-                        return  # another forward drives it
-                self.owner, self.owner_grad, self.seen, self.phase = key, grad, 0, "warmup"
-                self.last = now
+                at_once = grad and not self.owner_grad  # training over an evaluation
+                if self.owner is not None and not at_once and now - self.last < STALE_S:
+                    return  # another forward drives it
+                self._take(key, grad, now)
+                return
+            if self._blas_changed():
                 return
             dt, self.last = now - self.last, now
             self.seen += 1
@@ -123,12 +149,52 @@ class Governor:
                     self.set(*self.schedule[self.i])
                 else:
                     self._keep()
-            else:
-                self.recent = (self.recent + [dt])[-WINDOW:]
-                if len(self.recent) == WINDOW and self.seen - self.measured_at >= RETRY:
-                    m = statistics.median(self.recent)
-                    if m > DRIFT * self.base or m * DRIFT < self.base:
-                        self._measure()
+            elif self.phase == "run":
+                self._watch(dt)
+
+    def _take(self, key, grad: bool, now: float) -> None:
+        """``key`` drives the governor from now on."""
+        if self.phase == "measure":  # abandoned: the pools back as they were
+            self.set(*(self.kept or self.schedule[0]))
+        if grad and not self.owner_grad:
+            self.news = None  # an evaluation's choice, before training began: not news
+        self.owner, self.owner_grad, self.last, self.seen = key, grad, now, 0
+        self.recent, self.base, self.drifted, self.measured_at = [], None, 0, 0
+        self.kept, self.retry = self.known.get(key, (None, RETRY))
+        if self.kept is not None:
+            self.set(*self.kept)
+            self.phase = "run"
+        else:
+            self.phase = "warmup"
+
+    def _blas_changed(self) -> bool:
+        """Whether someone else set OpenBLAS's count since this governor did (threadpoolctl's
+        limits, a user's call): that count holds from now on, and the kernels alone are
+        measured again."""
+        if self.blas_set is None or self._apply is not None:
+            return False
+        if cpu_blas.blas_threads() == self.blas_set:
+            return False
+        self.blas_user, self.blas_set = True, None
+        self.known.clear()
+        self.phase, self.seen, self.kept = "warmup", 0, None
+        return True
+
+    def _watch(self, dt: float) -> None:
+        """The kept setting's calls, in windows of WINDOW: measure again after two windows in
+        a row whose median drifted from the first window's by DRIFT, RETRY calls apart."""
+        self.recent.append(dt)
+        if len(self.recent) < WINDOW:
+            return
+        m, self.recent = statistics.median(self.recent), []
+        if self.base is None:
+            self.base = m
+        elif m > DRIFT * self.base or m * DRIFT < self.base:
+            self.drifted += 1
+            if self.drifted >= 2 and self.seen - self.measured_at >= self.retry:
+                self._measure()
+        else:
+            self.drifted = 0
 
     def _measure(self) -> None:
         settings = self.settings()
@@ -145,7 +211,11 @@ class Governor:
         best = min(medians, key=medians.get)
         self.set(*best)
         again = self.kept is not None
-        self.kept, self.base, self.phase, self.recent = best, medians[best], "run", []
+        # the same choice again: the drift was the machine's noise, so look less often
+        self.retry = min(self.retry * 2, 16 * RETRY) if best == self.kept else RETRY
+        self.kept, self.phase = best, "run"
+        self.recent, self.base, self.drifted = [], None, 0
+        self.known[self.owner] = (best, self.retry)
         tried = ", ".join(f"{_name(s)} {m * 1e3:.1f}" for s, m in medians.items())
         self.news = (
             f"threads: {_name(best, long=True)}, the fastest of {len(medians)} settings "
@@ -166,6 +236,8 @@ def _name(s: tuple, long: bool = False) -> str:
 
 
 GOVERNOR = Governor()
+if hasattr(os, "register_at_fork"):  # a child forked mid-call: a free lock, no owner
+    os.register_at_fork(after_in_child=GOVERNOR._reset)
 
 
 def kernel_threads(default: int) -> int:
