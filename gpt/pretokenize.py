@@ -44,16 +44,21 @@ def byte_to_unicode() -> dict[int, str]:
     return table
 
 
-def _class_body(codepoints: list[int]) -> str:
-    """Character-class text for sorted code points, as `\\Uxxxxxxxx-\\Uyyyyyyyy` runs."""
-    runs = []
-    start = prev = codepoints[0]
-    for cp in [*codepoints[1:], -1]:
+def _runs(codepoints) -> list[tuple[int, int]]:
+    """Sorted code points as (first, last) runs of consecutive ones."""
+    cps = sorted(codepoints)
+    runs, start, prev = [], cps[0], cps[0]
+    for cp in [*cps[1:], -1]:
         if cp != prev + 1:
-            runs.append(f"\\U{start:08x}" + ("" if start == prev else f"-\\U{prev:08x}"))
+            runs.append((start, prev))
             start = cp
         prev = cp
-    return "".join(runs)
+    return runs
+
+
+def _class_body(codepoints: list[int]) -> str:
+    """Character-class text for code points, as `\\Uxxxxxxxx-\\Uyyyyyyyy` runs."""
+    return "".join(f"\\U{a:08x}" + ("" if a == b else f"-\\U{b:08x}") for a, b in _runs(codepoints))
 
 
 @functools.cache
@@ -138,15 +143,9 @@ def split_gpt2(s: str, chunk: int = _SPLIT_CHUNK) -> list[str]:
 def _rust_class_body(codepoints) -> str:
     """Character-class text for code points in the syntax of tiktoken's regex engine (Rust's
     `regex`, through `fancy-regex`): `\\x{61}-\\x{7A}` runs."""
-    runs = []
-    cps = sorted(codepoints)
-    start = prev = cps[0]
-    for cp in [*cps[1:], -1]:
-        if cp != prev + 1:
-            runs.append(f"\\x{{{start:X}}}" + ("" if start == prev else f"-\\x{{{prev:X}}}"))
-            start = cp
-        prev = cp
-    return "".join(runs)
+    return "".join(
+        f"\\x{{{a:X}}}" + ("" if a == b else f"-\\x{{{b:X}}}") for a, b in _runs(codepoints)
+    )
 
 
 def _every_character() -> str:
