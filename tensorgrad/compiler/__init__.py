@@ -225,8 +225,8 @@ class CompiledForward:
             return v.graph
 
     def _replay(self, graph: Graph, live, args, kwargs):
+        grad = is_grad_enabled()
         if graph.device == "cpu":  # the thread counts are measured over these calls
-            grad = is_grad_enabled()
             threads.tick((id(self), grad, threading.get_ident()), grad)
         used = [
             live[s].detach()
@@ -241,7 +241,6 @@ class CompiledForward:
             random_state(rng)  # forward as written decides (it may catch it, as eagerly)
             return self.fn(*args, **kwargs)
         it = iter(outs)
-        grad = is_grad_enabled()
 
         def build(node):
             if isinstance(node, Struct):
