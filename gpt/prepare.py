@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .store.checkpoint import atomic_write_bytes as atomic_write
+from .store.lock import pid_alive
 from .textfiles import DataError, as_source, hash_sources
 from .tokenizer import EOT, BPETokenizer, CharTokenizer, Tokenizer
 
@@ -371,21 +372,11 @@ class _Writer:
             p.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process
-    return True
-
-
 def remove_stale_partials(out: Path) -> None:
     """The partial files of a prepare that was killed (its process is gone)."""
     for p in out.glob(".*.partial"):
         m = _PARTIAL.fullmatch(p.name)
-        if m and (int(m[2]) == os.getpid() or not _alive(int(m[2]))):
+        if m and (int(m[2]) == os.getpid() or not pid_alive(int(m[2]))):
             p.unlink(missing_ok=True)
 
 

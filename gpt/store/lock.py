@@ -18,10 +18,11 @@ from .errors import LockError
 LOCK_FILE = "gpt-train.lock"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs now (another user's counts; a pid no system has, not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # someone else's process: alive
         return True
@@ -81,7 +82,7 @@ class RunLock:
             ) from None
         old = _read_pid(fd)
         if old and old != os.getpid():
-            state = "still running but not holding it" if _pid_alive(old) else "no longer running"
+            state = "still running but not holding it" if pid_alive(old) else "no longer running"
             self.note = (
                 f"taking over the stale lock {self.path} of PID {old} ({state}; it "
                 "did not exit cleanly)"
