@@ -5,25 +5,28 @@ dimension checks (``ops/dims.py``), its type promotion (``ops/dtypes.py``) and i
 rule (``indexing.py``), so nanoGPT-style code ports by changing its imports. Each method is a
 thin call into an Op from ``ops/``; nothing here computes on arrays.
 
-This file holds the methods a GPT uses. Tensor takes PyTorch's others from three base
-classes, which a reader of the core can skip: ``tensor_extras.Extras`` (more math and shapes,
-conversions, ``new_*``), ``tensor_select.Select`` (comparisons, sorting, gather/scatter,
-masked_fill) and ``tensor_inplace.InPlace`` (in-place writes, and the views they write
-through: ``_view_of`` below records how a view maps onto its base). Printing is in
-``printing.py``.
+This file holds the methods a GPT uses, the views among them (``_view_of`` records how a
+view maps onto its base, so that an in-place write through it reaches the base). Tensor takes
+PyTorch's others from three base classes, which a reader of the core can skip:
+``tensor_extras.Extras`` (more math and shapes, conversions, ``new_*``),
+``tensor_select.Select`` (comparisons, sorting, gather/scatter) and ``tensor_inplace.InPlace``
+(in-place writes, and the small helpers that convert arrays and find a view's region in its
+base, imported below). Printing is in ``printing.py``.
 
-Imports: numpy, .autograd, .devices, .indexing, .ops, .printing, .tensor_extras,
+Imports: numpy, weakref, .autograd, .devices, .indexing, .ops, .printing, .tensor_extras,
 .tensor_inplace, .tensor_select, .types.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
 from . import autograd
 from . import devices as _devices
 from .autograd import Op
-from .autograd.graph import model_epoch, note_effect
+from .autograd.graph import model_epoch, note_effect, note_view
 from .autograd.graph import watch as _watch
 from .devices import device_of, get_array_module, shares_memory, to_device, to_numpy
 from .indexing import index_steps
@@ -35,7 +38,16 @@ from .ops.dtypes import result_type
 from .ops.nn import Softmax
 from .printing import tensor_repr
 from .tensor_extras import Extras
-from .tensor_inplace import as_array, expander, indexer, permuter, reshaper, storable
+from .tensor_inplace import (
+    as_array,
+    expander,
+    indexer,
+    permuter,
+    reshaper,
+    scalar_value,
+    storable,
+    tracked,
+)
 from .tensor_select import MaxResult
 from .types import Size, as_dtype, device, is_dtype, to_args
 
@@ -450,7 +462,40 @@ class Tensor(Extras):
     def softmax(self, dim: int = -1):
         return Softmax.apply(self, dim=wrap_dim("softmax", dim, self.ndim))
 
+    def masked_fill(self, mask, value):
+        """Copy of self with ``value`` where the broadcast boolean ``mask`` is True."""
+        m = as_array(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill: mask must be boolean, got {m.dtype}")
+        if tracked(value):  # the value gets the gradient of every filled element
+            filled = E.MaskedFill.apply(self, m, 0)  # checks the mask's shape
+            return E.Where.apply(m, scalar_value("masked_fill", value).to(self.dtype), filled)
+        v = value.item() if isinstance(value, Tensor) else value
+        return E.MaskedFill.apply(self, m, v)
+
     # ------------------------------------------------------------------ shape
+    def _view_of(self, out: Tensor, fn, shared: bool | None = None) -> Tensor:
+        """Mark ``out`` as a view of self when it really shares self's memory (``shared``, when
+        the caller knows): it then shares the version counter, remembers the base and, as
+        ``fn`` after self's own, how to find its region in an array shaped like the base (for
+        recorded in-place writes)."""
+        if shared is None:
+            shared = shares_memory(out._array, self._array)
+        if shared:
+            out._version = self._version
+            if _watch.traces:  # a compile trace noted its version when the op made it
+                note_view(out)
+            if self._base is None:
+                out._base, out._view_fn = self, fn
+            else:
+                inner = self._view_fn
+                out._base, out._view_fn = self._base, (lambda a: fn(inner(a)))
+            base = out._base
+            if base._views is None:
+                base._views = weakref.WeakSet()
+            base._views.add(out)  # to re-derive it from the base after an in-place write
+        return out
+
     def view(self, *shape_):
         """The same memory with another shape; raises where NumPy would have to copy."""
         if len(shape_) == 1 and is_dtype(shape_[0]) and not isinstance(shape_[0], int):
@@ -464,6 +509,21 @@ class Tensor(Extras):
                 "across two contiguous subspaces). Use .reshape(...) instead."
             )
         return self._view_of(out, reshaper(out.array.shape), shared)
+
+    def _view_dtype(self, dt):
+        """``view(dtype)``: the same bytes read as another dtype (llm.c writes bfloat16 as
+        ``t.view(torch.int16)``); the last dimension scales by the itemsizes' ratio, as
+        PyTorch's. Not differentiable: the result requires no grad."""
+        a, size = self._array, np.dtype(dt.dtype).itemsize
+        if size != a.dtype.itemsize and (a.ndim == 0 or not a.flags.c_contiguous):
+            raise RuntimeError(
+                f"view({dt}): a {self.dtype} tensor with another itemsize must be contiguous "
+                "with at least one dimension"
+            )
+        try:
+            return type(self)(a.view(dt.dtype))
+        except ValueError as e:
+            raise RuntimeError(f"view({dt}) of shape {tuple(self.shape)}: {e}") from None
 
     def reshape(self, *shape_):
         """view when the memory allows it, else a copy."""
@@ -494,6 +554,13 @@ class Tensor(Extras):
 
     swapaxes = transpose
 
+    def movedim(self, source: int, destination: int):
+        s = wrap_dim("movedim", source, self.ndim)
+        d = wrap_dim("movedim", destination, self.ndim)
+        dims = list(range(self.ndim))
+        dims.insert(d, dims.pop(s))
+        return self.permute(*dims)
+
     def t(self):
         if self.ndim > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dims, got {self.ndim}")
@@ -523,6 +590,33 @@ class Tensor(Extras):
     def expand(self, *sizes):
         out = shape_ops.Expand.apply(self, size_args(sizes))
         return self._view_of(out, expander(out.array.shape))
+
+    def split(self, split_size_or_sections, dim: int = 0):
+        """Pieces of ``split_size`` along dim (the last may be smaller), or of the listed sizes."""
+        if self.ndim == 0:
+            raise RuntimeError("split: a 0-d tensor cannot be split")
+        d = wrap_dim("split", dim, self.ndim)
+        n = self.shape[d]
+        if isinstance(split_size_or_sections, int):
+            step = split_size_or_sections
+            if step <= 0:
+                raise ValueError(f"split: split_size must be positive, got {step}")
+            sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
+        else:
+            sizes = [int(s) for s in split_size_or_sections]
+            if sum(sizes) != n:
+                raise ValueError(f"split: sizes {sizes} do not add up to {n} (dim {dim})")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = shape_ops.Split.apply(self, sizes, d)
+        return tuple(
+            self._view_of(t, indexer((slice(None),) * d + (slice(a, a + n),)))
+            for t, a, n in zip(pieces, starts, sizes)
+        )
+
+    def unbind(self, dim: int = 0):
+        """The slices along ``dim``, each without that dim."""
+        d = wrap_dim("unbind", dim, self.ndim)
+        return tuple(p.squeeze(d) for p in self.split(1, d))
 
     def __getitem__(self, key):
         out = self

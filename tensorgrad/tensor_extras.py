@@ -1,6 +1,6 @@
 """PyTorch's other Tensor methods: the ones a GPT does not use, kept apart so that the core
 ``tensor.py`` reads short. More math (sin, clamp, var, norm, cumsum, ...), more shapes
-(flip, roll, movedim, unflatten, *_as), conversions (half, bfloat16, double, pin_memory), ``new_*``
+(flip, roll, unflatten, *_as), conversions (half, bfloat16, double, pin_memory), ``new_*``
 and ``__format__``. Each is a call into an op or a composition of Tensor methods, as in
 ``tensor.py``; a reader of the core can skip this file.
 
@@ -24,21 +24,6 @@ class Extras(Select):
     """The Tensor methods beyond the core's (Tensor's base class: tensor.py lists the rest)."""
 
     __slots__ = ()
-
-    def _view_dtype(self, dt):
-        """``view(dtype)``: the same bytes read as another dtype (llm.c writes bfloat16 as
-        ``t.view(torch.int16)``); the last dimension scales by the itemsizes' ratio, as
-        PyTorch's. Not differentiable: the result requires no grad."""
-        a, size = self._array, np.dtype(dt.dtype).itemsize
-        if size != a.dtype.itemsize and (a.ndim == 0 or not a.flags.c_contiguous):
-            raise RuntimeError(
-                f"view({dt}): a {self.dtype} tensor with another itemsize must be contiguous "
-                "with at least one dimension"
-            )
-        try:
-            return type(self)(a.view(dt.dtype))
-        except ValueError as e:
-            raise RuntimeError(f"view({dt}) of shape {tuple(self.shape)}: {e}") from None
 
     def element_size(self) -> int:
         return int(self._array.dtype.itemsize)
@@ -205,13 +190,6 @@ class Extras(Select):
     def unflatten(self, dim: int, sizes):
         d = wrap_dim("unflatten", dim, self.ndim)
         return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1 :])
-
-    def movedim(self, source: int, destination: int):
-        s = wrap_dim("movedim", source, self.ndim)
-        d = wrap_dim("movedim", destination, self.ndim)
-        dims = list(range(self.ndim))
-        dims.insert(d, dims.pop(s))
-        return self.permute(*dims)
 
     def expand_as(self, other):
         return self.expand(other.shape)

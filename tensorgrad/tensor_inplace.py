@@ -4,21 +4,20 @@ tensor's memory, and how views that share that memory stay consistent.
 ``InPlace`` is a base class of ``Tensor`` holding these methods, so that tensor.py reads as the
 operators a learner needs first. Views (slices, view, transpose, split, ...) that really share
 their base's memory share its version counter and remember the base and how to find their region
-in it. So, as in PyTorch, an in-place write through a view of a leaf that requires grad raises,
+in it (tensor.py's ``Tensor._view_of`` marks them, with a region function from the end of this
+file). So, as in PyTorch, an in-place write through a view of a leaf that requires grad raises,
 and one into any other tensor in the graph (or a view of it) is recorded: the base takes a
 WriteView node and its views ReadView nodes of it (``ops/more_shape.py``).
 
-Imports: numpy, weakref, .autograd, .devices, .indexing, .ops.
+Imports: numpy, .autograd, .devices, .indexing, .ops.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from .autograd import is_grad_enabled
-from .autograd.graph import note_view, op_observers, watch
+from .autograd.graph import apply_hooks
 from .devices import (
     BFLOAT16,
     device_of,
@@ -26,7 +25,6 @@ from .devices import (
     is_array,
     parse_device,
     rng,
-    shares_memory,
     to_device,
     xp_for,
 )
@@ -122,7 +120,7 @@ class InPlace:
         a = self._array
         if cls not in _UFUNCS or type(a) is not np.ndarray or a.dtype.kind != "f":
             return False
-        if op_observers:  # a tool watching the ops (a trace, gpt-explain) sees the op run
+        if apply_hooks:  # a tool watching the ops (a trace, gpt-explain) sees the op run
             return False
         if isinstance(other, InPlace):
             o = other._array
@@ -376,50 +374,6 @@ class InPlace:
             self.requires_grad or (base is not None and base.requires_grad)
         )
 
-    def _view_of(self, out: InPlace, fn, shared: bool | None = None) -> InPlace:
-        """Mark ``out`` as a view of self when it really shares self's memory (``shared``, when
-        the caller knows): it then shares the version counter, remembers the base and, as
-        ``fn`` after self's own, how to find its region in an array shaped like the base (for
-        recorded in-place writes)."""
-        if shared is None:
-            shared = shares_memory(out._array, self._array)
-        if shared:
-            out._version = self._version
-            if watch.traces:  # a compile trace noted its version when the op made it
-                note_view(out)
-            if self._base is None:
-                out._base, out._view_fn = self, fn
-            else:
-                inner = self._view_fn
-                out._base, out._view_fn = self._base, (lambda a: fn(inner(a)))
-            base = out._base
-            if base._views is None:
-                base._views = weakref.WeakSet()
-            base._views.add(out)  # to re-derive it from the base after an in-place write
-        return out
-
-    def split(self, split_size_or_sections, dim: int = 0):
-        """Pieces of ``split_size`` along dim (the last may be smaller), or of the listed sizes."""
-        if self.ndim == 0:
-            raise RuntimeError("split: a 0-d tensor cannot be split")
-        d = wrap_dim("split", dim, self.ndim)
-        n = self.shape[d]
-        if isinstance(split_size_or_sections, int):
-            step = split_size_or_sections
-            if step <= 0:
-                raise ValueError(f"split: split_size must be positive, got {step}")
-            sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
-        else:
-            sizes = [int(s) for s in split_size_or_sections]
-            if sum(sizes) != n:
-                raise ValueError(f"split: sizes {sizes} do not add up to {n} (dim {dim})")
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        pieces = shape_ops.Split.apply(self, sizes, d)
-        return tuple(
-            self._view_of(t, indexer((slice(None),) * d + (slice(a, a + n),)))
-            for t, a, n in zip(pieces, starts, sizes)
-        )
-
     def chunk(self, chunks: int, dim: int = 0):
         if self.ndim == 0:
             raise RuntimeError("chunk: a 0-d tensor cannot be chunked")
@@ -427,11 +381,6 @@ class InPlace:
             raise RuntimeError(f"chunk: chunks must be positive, got {chunks}")
         n = self.shape[wrap_dim("chunk", dim, self.ndim)]
         return self.split(max(-(-n // chunks), 1), dim)
-
-    def unbind(self, dim: int = 0):
-        """The slices along ``dim``, each without that dim."""
-        d = wrap_dim("unbind", dim, self.ndim)
-        return tuple(p.squeeze(d) for p in self.split(1, d))
 
     def repeat(self, *sizes):
         if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):

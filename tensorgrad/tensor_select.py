@@ -19,7 +19,7 @@ from .ops import more_math as M
 from .ops import more_shape as MS
 from .ops.dims import wrap_dim, wrap_dims
 from .ops.dtypes import result_type
-from .tensor_inplace import InPlace, as_array, scalar_value, tracked
+from .tensor_inplace import InPlace, as_array
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])  # max(dim), min(dim), sort, topk
 Histogram = namedtuple("histogram", ["hist", "bin_edges"])  # torch.histogram's pair
@@ -205,17 +205,6 @@ class Select(InPlace):
         ids = index.reshape(-1) if isinstance(index, InPlace) else idx.reshape(-1)  # (a tensor
         return self[ids] if d == 0 else self[(slice(None),) * d + (ids,)]  # stays one: a
         # compile trace sees the ids: replayed along dim 0, run eagerly with its line beyond)
-
-    def masked_fill(self, mask, value):
-        """Copy of self with ``value`` where the broadcast boolean ``mask`` is True."""
-        m = as_array(mask)
-        if m.dtype != np.bool_:
-            raise TypeError(f"masked_fill: mask must be boolean, got {m.dtype}")
-        if tracked(value):  # the value gets the gradient of every filled element
-            filled = E.MaskedFill.apply(self, m, 0)  # checks the mask's shape
-            return E.Where.apply(m, scalar_value("masked_fill", value).to(self.dtype), filled)
-        v = value.item() if isinstance(value, InPlace) else value
-        return E.MaskedFill.apply(self, m, v)
 
     def scatter(self, dim: int, index, src=None, value=None):
         """self with src[i][j] (or ``value``) written at [i][index[i][j]] along ``dim``."""

@@ -194,3 +194,38 @@ def test_resume_is_exact_across_a_fresh_cache_leg_and_a_warm_cache_leg(legs):
     assert [r["iter"] for r in records(full) if "loss" in r] == list(range(6))
     same_records(records(split), records(full))
     same_weights(split, full)
+
+
+SOFTMAX = (
+    "import json, numpy as np; from tensorgrad import kernels; "
+    "from tensorgrad.kernels import cpu_numba as K; x = np.ones((2, 3), np.float32); "
+    "K._softmax_fwd(x, np.empty_like(x)); print(json.dumps(kernels.compile_counts()))"
+)
+
+
+def test_an_edit_to_an_inlined_formula_is_not_served_from_the_cache(tmp_path):
+    """A kernel inlines kernels/formulas.py's functions, and numba checks a cached kernel
+    against its own file only: an edit to formulas.py left every kernel that inlines it
+    running the old formula from the cache. The cache stamp carries a digest of every file a
+    kernel may inline (numba_math.SOURCES), so the edit compiles again."""
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        ROOT / "tensorgrad", tree / "tensorgrad", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    cache = tmp_path / "numba"
+    cache.mkdir()
+
+    def counts() -> dict:
+        env = env_with(cache)
+        env["PYTHONPATH"] = str(tree)
+        out = subprocess.run(
+            [sys.executable, "-c", SOFTMAX], env=env, cwd=tree, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout)
+
+    assert counts()["compiled"] > 0
+    assert counts() == {"compiled": 0, "loaded": 1, "generated": 0}
+    formulas = tree / "tensorgrad" / "kernels" / "formulas.py"
+    formulas.write_text(formulas.read_text() + "\n# an edit\n")
+    assert counts()["compiled"] > 0, "the kernel came from the cache after its formula changed"

@@ -418,7 +418,7 @@ def fused_names(f) -> list[str]:
 @pytest.mark.parametrize("rule", sorted(UNARY))
 @pytest.mark.parametrize("n", [7, 40_000], ids=["serial", "parallel"])
 def test_each_fusion_rule_matches_its_reference_op(rule, n):
-    """Each rule of fuse.RULES, in a run with a bias add and a scale (float64: tight), forward
+    """Each rule of codegen.RULES, in a run with a bias add and a scale (float64: tight), forward
     and the gradients of the input and the (broadcast) bias, against the ops one by one."""
     pytest.importorskip("numba", reason="numba is not installed: pip install numba")
     op = UNARY[rule]

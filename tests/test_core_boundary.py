@@ -151,7 +151,7 @@ def test_every_public_name_of_a_comparison_records_an_op():
         with compile_trace.tracing(tracer):
             out = getattr(this, name)(*args)
         step = tracer.graph.steps[-1]
-        assert step.cls.__name__ in ("Compare", "Predicate"), (name, step)
+        assert step.ref.__name__ in ("Compare", "Predicate"), (name, step)
         assert [kind for kind, _ in step.ins] == ["v"] * (1 + len(args)), (name, step.ins)
         assert not out.requires_grad and out.grad_fn is None, name
     assert found >= 20, found  # ==, !=, <, <=, >, >=, &, |, ^, ~, their aliases, logical_*, isnan

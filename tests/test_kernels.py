@@ -19,28 +19,12 @@ from hypothesis import strategies as st
 import tensorgrad as tg
 from tensorgrad import kernels
 from tensorgrad.autograd import Op
-from tensorgrad.compiler.patterns import AddLayerNorm
-from tensorgrad.ops.nn import (
-    Attention,
-    CrossEntropy,
-    Embedding,
-    Gelu,
-    LayerNorm,
-    LogSoftmax,
-    Softmax,
-)
+from tensorgrad.ops.nn import Embedding, Gelu, Softmax
 from tensorgrad.optim import adamw_foreach, adamw_update
 
-REFERENCE = {
-    "softmax": Softmax,
-    "log_softmax": LogSoftmax,
-    "cross_entropy": CrossEntropy,
-    "layer_norm": LayerNorm,
-    "add_layer_norm": AddLayerNorm,
-    "gelu": Gelu,
-    "embedding": Embedding,
-    "attention": Attention,
-}
+# the ops with cases here, each against the reference the registry names (kernels.REFERENCES)
+OPS = ("softmax", "log_softmax", "cross_entropy", "layer_norm", "add_layer_norm", "gelu")
+REFERENCE = {op: kernels.reference(op) for op in (*OPS, "embedding", "attention")}
 # (relative, absolute) tolerance per dtype: kernels reorder float32 sums
 TOL = {np.float32: (2e-5, 2e-6), np.float64: (1e-12, 1e-13)}
 
@@ -438,3 +422,125 @@ def test_switches_and_listing(monkeypatch):
         kernels.set_enabled(False, ["no_such_kernel"])
     with pytest.raises(ValueError, match="already registered"):
         kernels.register("softmax", "cpu", name="cpu.chunked.softmax")(object)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_every_kernel_names_a_reference_beside_the_registry():
+    """kernels.REFERENCES maps each op to its reference; a kernel of an op without one is
+    refused at registration, so every kernel has an oracle."""
+    for k in kernels.registered():
+        assert kernels.reference(k.op) is not None, k.name
+    with pytest.raises(ValueError, match="no reference for op 'no_such_op'"):
+        kernels.register("no_such_op", "cpu", name="test.nothing")(object)
+
+
+def specs(arrays) -> list:
+    """Each array as a kernels.Spec: its shape, dtype and layout, and no values."""
+    return [
+        kernels.Spec(a.shape, a.dtype, a.flags.c_contiguous) if isinstance(a, np.ndarray) else a
+        for a in arrays
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_which_answers_from_shapes_dtypes_and_layouts_alone(dtype, monkeypatch):
+    """kernels.which(op, ...) names what Op.apply runs, and it answers the same from Specs:
+    a condition reads shapes, dtypes and layouts, never values (one that did fails here)."""
+    monkeypatch.setattr(kernels, "_enabled", True)  # (also under TG_KERNELS=0)
+    impl_of = {k.name: k.impl for k in kernels.registered()}
+    strided = np.zeros((4, 6), dtype)[:, ::2]
+    extra = [("softmax", "strided", (strided,), {"dim": -1})]
+    checked = 0
+    for op, label, arrays, kw in [(o, *c) for o in OPS for c in cases(o, dtype)] + extra:
+        picked = kernels.pick(op, "cpu", *arrays, **kw)
+        for args in (arrays, specs(arrays)):
+            name = kernels.which(op, *args, **kw)
+            got = None if name == "reference" else impl_of[name]
+            assert got is picked, f"{op} {label}: which says {name}, apply runs {picked}"
+        checked += picked is not None
+    assert checked > 10
+    x = tg.randn(3, 8)
+    assert kernels.which("softmax", x, dim=-1) == kernels.which(
+        "softmax", kernels.Spec((3, 8)), dim=-1
+    )
+    with kernels.reference_only():
+        assert kernels.which("softmax", x, dim=-1) == "reference"
+
+
+def test_priority_decides_not_the_order_of_registration(monkeypatch):
+    """The kernel of highest priority that applies runs, whichever was registered first."""
+    monkeypatch.setattr(kernels, "_enabled", True)
+    monkeypatch.setattr(kernels, "_registry", {k: list(v) for k, v in kernels._registry.items()})
+
+    class High(Softmax):
+        pass
+
+    class Low(Softmax):
+        pass
+
+    kernels.register("softmax", "cpu", name="test.high", priority=99, takes="any")(High)
+    kernels.register("softmax", "cpu", name="test.low", priority=-1, takes="any")(Low)
+    assert kernels.which("softmax", kernels.Spec((2, 3)), dim=-1) == "test.high"
+    assert [k.name for k in kernels.registered("softmax", "cpu")][0] == "test.high"
+    assert [k.name for k in kernels.registered("softmax", "cpu")][-1] == "test.low"
+
+
+def test_the_docs_print_the_table_the_registry_makes():
+    """docs/internals.md holds kernels.table('cpu') as the code generates it."""
+    pytest.importorskip("numba", reason="the table lists the numba kernels: pip install numba")
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "internals.md").read_text("utf-8")
+    table = kernels.table("cpu")
+    assert table.count("\n") > 15
+    assert table in page, "docs/internals.md: paste kernels.table('cpu') again:\n" + table
+
+
+NO_NUMBA = """
+import json, sys
+sys.modules["numba"] = None  # as where numba has no wheel, or is uninstalled
+import numpy as np
+import tensorgrad as tg
+from tensorgrad import kernels
+from gpt.model import GPT, GPTConfig
+
+x = tg.randn(4, 8, requires_grad=True)
+(tg.nn.functional.softmax(x, dim=-1) ** 2).sum().backward()
+model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8))
+idx = tg.randint(0, 11, (2, 8))
+eager = model(idx, idx)[1]
+step = tg.compile(model)
+losses = [float(step(idx, idx)[1]) for _ in range(3)]
+print(json.dumps({
+    "softmax": kernels.which("softmax", x, dim=-1),
+    "tiers": sorted({k.name.rsplit(".", 1)[0] for k in kernels.registered(device="cpu")}),
+    "finite": bool(np.isfinite(x.grad.numpy()).all()),
+    "compiled_is_eager": all(loss == float(eager) for loss in losses),
+}))
+"""
+
+
+def test_without_numba_the_numpy_tier_runs():
+    """Without numba nothing numba-made is registered and the NumPy tier (cpu_chunked.py) is
+    what runs: an op, its gradient, and a compiled GPT step equal to the eager one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TG_KERNELS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", NO_NUMBA], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {
+        "softmax": "cpu.chunked.softmax",
+        "tiers": ["cpu.chunked", "cpu.inplace", "cpu.sorted"],
+        "finite": True,
+        "compiled_is_eager": True,
+    }

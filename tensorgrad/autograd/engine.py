@@ -3,6 +3,9 @@ which takes the plain path when nothing needs a layer; ``grad`` (gradients retur
 untouched, the walk pruned to the nodes that lead to its inputs); tensor hooks; retain_grad's
 retained outputs; ``create_graph=True``, which records a graph of the backward itself (so
 gradients can be differentiated again); and ``queue_callback``, run after every backward.
+create_graph differentiates a kernel's node through its reference op, rerun on the kernel's
+inputs: a hook of the tape's (``_keep_replay``, in ``graph.kernel_hooks``) keeps them at
+every forward.
 
 The layers do not copy the walk: they run ``walk.walk`` with their own per-node and per-leaf
 steps (``_Layers``). ``backward`` needs them when create_graph is on or when a hook or a
@@ -23,6 +26,7 @@ from .graph import (
     constant,
     enable_grad,
     is_tensor,
+    kernel_hooks,
     model_epoch,
     node_output,
     note_effect,
@@ -301,6 +305,17 @@ def _saved_tensor(fn: Op, s, link):
     if e is None:
         return constant(s)
     return node_output(s, *e) if type(e) is tuple else e
+
+
+def _keep_replay(fn: Op, inputs, arrays, kwargs) -> None:
+    """The tape's hook for each node a kernel makes (``graph.kernel_hooks``): keep the input
+    arrays, kwargs and input versions that ``_replayed_reference`` reruns its reference on. At
+    every forward, as create_graph may be asked for by any later backward."""
+    versions = [(x._version, x._version[0], x._array.shape) for x in inputs if is_tensor(x)]
+    fn.replay = (arrays, kwargs, versions)
+
+
+kernel_hooks.append(_keep_replay)
 
 
 def _replayed_reference(fn: Op) -> Op:

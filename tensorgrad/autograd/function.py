@@ -25,16 +25,13 @@ from __future__ import annotations
 
 from .graph import (
     Op,
+    apply_hooks,
     check_versions,
     constant,
     enable_grad,
     is_grad_enabled,
     is_tensor,
     no_grad,
-    op_observers,
-)
-from .graph import (
-    watch as graph_watch,
 )
 
 
@@ -109,11 +106,9 @@ class Function:
                     f"{cls.__name__}.forward returned {type(o).__name__} as output {j}; "
                     "return tensors"
                 )
-        if (
-            op_observers and graph_watch.hidden == 0
-        ):  # a user's Function is opaque to a trace: it is told so (fn None)
-            for observe in op_observers:
-                observe(cls, None, args, kwargs, outs)
+        if apply_hooks:  # (record_ops, a trace): a user's Function is opaque, told so (fn None)
+            for hook in apply_hooks:
+                hook(cls, None, args, kwargs, outs)
         if not (is_grad_enabled() and any(needs)):
             return out
         node = _CustomNode()

@@ -151,18 +151,20 @@ RELEASED_MSG = (
 
 # ----------------------------------------------------------------------------- the node
 
-# Callables told of every op as it runs, after its forward: observe(reference Op class, the
-# instance that ran (a kernel's, or the reference's), inputs, kwargs, output Tensors). Empty
-# but for tools that watch a forward (tensorgrad.compile traces one): the hot path pays one
-# truthiness test. Process-wide: an observer that watches one thread's forward compares
-# threading.get_ident() itself.
-op_observers: list = []
+# What the layers over the tape add to an op as it runs, each list filled by those layers
+# (the tape names none of them). ``apply_hooks``: called after every op's forward, as
+# hook(reference Op class, the instance that ran (a kernel's, or the reference's; None for a
+# Function), inputs, kwargs, output Tensors); empty unless something watches the ops, so the
+# hot path pays one truthiness test. ``kernel_hooks``: called for each node a kernel made, as
+# hook(node, inputs, their arrays, kwargs), off the hot path (reference ops never reach it).
+apply_hooks: list = []
+kernel_hooks: list = []
 
 
 class _Watch(threading.local):
-    """Per thread: how deep in ``unobserved()`` blocks it is (ops there are shown to no
-    observer), and the compile traces running in it, innermost last, which Python state
-    changes (a module attribute set, a hook registered, a reseed) are reported to."""
+    """Per thread: how deep in ``unobserved()`` blocks it is (``autograd/observe.py`` reads
+    it), and the compile traces running in it, innermost last, which Python state changes (a
+    module attribute set, a hook registered, a reseed) are reported to."""
 
     hidden = 0
     traces: tuple = ()
@@ -174,11 +176,6 @@ watch = _Watch()
 # parameter's requires_grad, a tensor's memory swapped for another shape or dtype, or any
 # memory of a tensor that requires grad): while it stands still, the last signature holds.
 model_epoch = [0]
-
-
-def observed() -> bool:
-    """Whether ops run now are shown to observers (not inside an ``unobserved()`` block)."""
-    return not watch.hidden
 
 
 def note_value_read(x, what: str) -> None:
@@ -300,15 +297,12 @@ class Op:
             results = [Tensor._make(outs[0], node, 0)]
         if record:
             fn.attach(inputs, results, arrays)
-            if impl is not cls:  # a kernel: keep what replaying its reference needs
-                fn.replay = (
-                    arrays,
-                    kwargs,
-                    [(x._version, x._version[0], x._array.shape) for x in inputs if is_tensor(x)],
-                )
-        if op_observers and not watch.hidden:  # someone watches (tensorgrad.compile's trace)
-            for observe in op_observers:
-                observe(cls, fn, inputs, kwargs, results)
+            if impl is not cls:  # a kernel's node (create_graph keeps how to rerun its reference)
+                for hook in kernel_hooks:
+                    hook(fn, inputs, arrays, kwargs)
+        if apply_hooks:  # something watches the ops (record_ops, tensorgrad.compile's trace)
+            for hook in apply_hooks:
+                hook(cls, fn, inputs, kwargs, results)
         return tuple(results) if impl.multi_output else results[0]
 
     def attach(self, inputs, results, arrays=None) -> None:

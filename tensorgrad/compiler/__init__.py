@@ -14,8 +14,11 @@ How (docs/compile.md tells it on the GPT block):
   each op; the result of that call is the eager one. The second call with the same signature
   is traced again and the two traces compared: a graph that changes with no guard changing
   (a constant computed from an input's values) is not replayed.
-- **Fuse** (``fuse.py``). Runs of elementwise ops become one generated numba kernel each,
-  forward and backward (the derivatives from one table of scalar rules).
+- **Plan** (``pipeline.py``, which lists every pass in order). Windows of ops that a kernel
+  computes as one op become one step (``patterns.py``); then runs of elementwise ops become
+  one generated numba kernel each, forward and backward: ``schedule.py`` picks the runs,
+  ``codegen.py`` writes and compiles their kernels (the derivatives from one table of scalar
+  rules), ``fused_op.py`` is the op that runs them.
 - **Replay** (``replay.py``). Later calls run the recorded ops as one graph node, without
   eager mode's per-op Python (Tensors, kernel lookups, edges); its backward runs the ops'
   backwards in reverse. ``backward(create_graph=True)`` through it works: the ops run again
@@ -26,8 +29,8 @@ How (docs/compile.md tells it on the GPT block):
   value, or has hooks on a submodule runs eagerly: one line (a ``CompileWarning``) says why,
   once. ``fullgraph=True`` raises instead.
 
-Imports: dataclasses, sys, threading, time, warnings, .fuse, .guards, .patterns, .replay, .trace,
-..autograd, ..kernels, ..tensor.
+Imports: dataclasses, sys, threading, time, warnings, .fused_op, .guards, .patterns, .pipeline,
+.replay, .trace, ..autograd, ..kernels, ..tensor.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from ..autograd import graph as tape
 from ..autograd.graph import constant, is_grad_enabled
 from ..kernels import threads
 from ..tensor import Tensor
-from .fuse import FusedElementwise, plan
+from .fused_op import FusedElementwise
 from .guards import ModuleState, Uncompilable, signature, state_guards
 from .patterns import Fold
+from .pipeline import plan
 from .replay import Replay, random_state
 from .trace import Graph, Leaf, Struct, Tracer, same_graph, tracing
 
@@ -273,7 +277,7 @@ class CompiledForward:
         return {
             "compiled": len(ready),
             "ops": [len(g.steps) for g in ready],
-            "kernels": [sum(s.impl is not s.cls for s in g.steps) for g in ready],
+            "kernels": [sum(s.impl is not s.ref for s in g.steps) for g in ready],
             "fused": [sum(issubclass(s.impl, FusedElementwise) for s in g.plan) for g in ready],
             "composites": [g.composites for g in ready],
             "patterns": [_patterns(g) for g in ready],

@@ -135,7 +135,7 @@ class Pattern:
     inputs: tuple = ()  # the emitted op's inputs: bound names, or constants (None)
     outputs: tuple = ()  # the bound names of the values it writes, the root last
     kernel: str = ""  # the kernels registry's op the emitted step runs
-    ref: type | None = None  # the emitted step's reference Op (None: the kernel's class)
+    ref: type | None = None  # the emitted step's reference Op (None: the kernel is the op)
     fallback: bool = False  # where no kernel applies: ref runs (True) or the ops stay
     root: Node  # graph(), built once when the class is defined
 
@@ -215,7 +215,9 @@ def _dead(graph: Graph, steps: list) -> set:
 
 
 def _random(st: Step) -> bool:
-    return st.cls.op in RANDOM_OPS or bool(st.kwargs.get("dropout_p", ("c", 0))[1])
+    """Whether the step draws from the generator: a random op, or an op with a dropout."""
+    op = (st.ref or st.impl).op  # (a composite whose kernel is the whole op: the kernel's)
+    return op in RANDOM_OPS or bool(st.kwargs.get("dropout_p", ("c", 0))[1])
 
 
 class Fold:
@@ -265,10 +267,10 @@ class Fold:
             kwargs[name] = self._value(v, budget) if kind == "v" else v
             if kwargs[name] is None and kind == "v":
                 return None
-        fn = st.cls()
-        fn.reference, fn.needs_input_grad = st.cls, (False,) * len(args)
+        fn = st.ref()  # (a traced step: its reference Op, run on the values known now)
+        fn.reference, fn.needs_input_grad = st.ref, (False,) * len(args)
         out = fn.forward(*args, **kwargs)
-        outs = out if st.cls.multi_output else (out,)
+        outs = out if st.ref.multi_output else (out,)
         for s, o in zip(st.outs, outs):
             self.values[s] = np.asarray(o) if isinstance(o, np.generic) else o
         return self.values[slot]
@@ -296,7 +298,7 @@ def _replace_all(graph: Graph, steps: list, pattern: Pattern, fold=None) -> list
     while k < len(steps):
         st = steps[k]
         found = None
-        if st.cls is root.cls and not st.pattern:
+        if st.ref is root.cls and not st.pattern:
             found = _emit_at(graph, steps, flow, k, root, pattern, fold)
         if found is not None:  # the match's steps go; its step stands in the root's place
             m, step = found
@@ -345,14 +347,14 @@ def _node(want: Node, got, m: Match, steps: list, flow: _Flow):
     while ref[0] == "v" and ref[1] in flow.made:
         k, j = flow.made[ref[1]]
         st = steps[k]
-        if st.cls not in TRANSPARENT or st.cls is want.cls or st.pattern:
+        if st.ref not in TRANSPARENT or st.ref is want.cls or st.pattern:
             break
         through.add(k)
         ref = st.ins[0]
     else:
         return  # an input of the graph, or a constant: no op made it
     # (a composite step, the attention op that CausalAttention made, matches as its op)
-    if st.cls is not want.cls or j != want.out or len(st.ins) != len(want.ins):
+    if st.ref is not want.cls or j != want.out or len(st.ins) != len(want.ins):
         return
     key = id(want.group)
     if key in m.steps:  # another output of an op matched already (Split's q, k, v)
@@ -376,7 +378,7 @@ def _node(want: Node, got, m: Match, steps: list, flow: _Flow):
         if want.name is not None and not _bind(m2, V(want.name), got):
             continue
         pairs = list(zip(ins, st.ins))
-        pairs += [(w, kwargs.get(name, _default(st.cls, name))) for name, w in want.kwargs.items()]
+        pairs += [(w, kwargs.get(name, _default(st.ref, name))) for name, w in want.kwargs.items()]
         yield m2, pairs
 
 
@@ -453,15 +455,15 @@ def _step(graph: Graph, pattern: Pattern, m: Match) -> Step | None:
     outs = [m[n][1] for n in pattern.outputs]
     kwargs = {k: ("c", v) for k, v in kw.items()}
     meta = [graph.meta[o] for o in outs]
-    return Step(pattern.ref or impl, impl, ins, kwargs, outs, needs, meta, pattern.label)
+    return Step(pattern.ref, impl, ins, kwargs, outs, needs, meta, pattern.label)
 
 
 def _dummy(graph: Graph, ref):
-    """An array of the value's shape and dtype, for the kernel's predicate."""
+    """The value as the kernel's condition sees it: its shape and dtype (a kernels.Spec)."""
     if ref[0] != "v":
         return ref[1]
     shape, dtype = graph.meta[ref[1]]
-    return np.zeros(shape, dtype) if graph.device == "cpu" else None
+    return kernels.Spec(shape, dtype) if graph.device == "cpu" else None
 
 
 def _check_names(pattern) -> None:

@@ -23,7 +23,7 @@ from ..autograd import graph as tape
 from ..autograd.engine import grad as autograd_grad
 from ..autograd.walk import check_grads
 from ..devices import get_array_module
-from .trace import Graph
+from .trace import Graph, last_reads
 
 
 def random_state(state=None):
@@ -45,15 +45,9 @@ def _frees(graph: Graph) -> list:
     as eager mode drops a temporary (computed once per graph)."""
     frees = graph.__dict__.get("_frees")
     if frees is None:
-        last = {}
-        for k, st in enumerate(graph.plan):
-            for kind, v in list(st.ins) + list(st.kwargs.values()):
-                if kind == "v":
-                    last[v] = k
-        keep = set(graph.output_slots())
         frees = [[] for _ in graph.plan]
-        for v, k in last.items():
-            if v not in keep:
+        for v, k in last_reads(graph, graph.plan).items():
+            if k < len(graph.plan):  # (the result's slots: len(plan), kept)
                 frees[k].append(v)
         graph._frees = frees
     return frees
@@ -80,7 +74,7 @@ class Replay(tape.Op):
         fns, frees = [], _frees(graph)
         for k, st in enumerate(graph.plan):
             fn = st.impl()
-            fn.reference = st.cls
+            fn.reference = st.ref  # (None: no one reference Op; Op.name says impl's)
             fn.needs_input_grad = st.needs if record else (False,) * len(st.ins)
             args = [_arg(env, r) for r in st.ins]
             kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
@@ -160,7 +154,7 @@ class Replay(tape.Op):
                 for st in graph.steps:
                     args = [_arg(env, r) for r in st.ins]
                     kwargs = {k: _arg(env, r) for k, r in st.kwargs.items()}
-                    out = st.cls.apply(*args, **kwargs)
+                    out = st.ref.apply(*args, **kwargs)  # (traced steps: ref is set)
                     for slot, o in zip(st.outs, out if isinstance(out, tuple) else (out,)):
                         env[slot] = o
                 if graph.random and devices.generators.cpu.bit_generator.state != self.rng_after:

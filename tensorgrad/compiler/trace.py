@@ -3,8 +3,9 @@
 The tape already sees every op: ``Op.apply`` tells ``op_observers`` of each one after its
 forward. A ``Tracer`` is such an observer. It numbers the values the forward computes
 (slots): first the live inputs (the call's tensors and arrays, the module's parameters and
-buffers), then each op's outputs, and keeps a ``Step`` per op: the class that ran, where each
-input comes from (a slot, or a constant), its keyword arguments, the slots it writes.
+buffers), then each op's outputs, and keeps a ``Step`` per op: its reference Op and the class
+that ran it, where each input comes from (a slot, or a constant), its keyword arguments, the
+slots it writes. ``last_reads`` says where each value is read for the last time.
 
 What a list of ops cannot replay makes the trace fail with a reason (``Graph.reason``), and
 the forward then runs eagerly:
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from .. import devices
 from ..autograd import graph as tape
+from ..autograd import observe
 from ..ops.shape import GetItem
 from ..tensor import Tensor
 from ..types import rebuild_dataclass
@@ -47,8 +49,19 @@ RANDOM_OPS = ("dropout",)  # ops that draw from the generator inside their forwa
 
 @dataclass
 class Step:
-    cls: type  # the reference Op (what the tape records)
-    impl: type  # what ran: a registered kernel's class, or cls itself
+    """One op of a graph or of its plan: what it computes (``ref``) and what runs (``impl``).
+
+    A traced step's ``ref`` is the reference Op the tape recorded (``Add``, ``LayerNorm``) and
+    its ``impl`` the class that ran it: a registered kernel's, or ``ref`` itself. A plan's
+    step may stand for several traced ops; its ``ref`` is then the one reference Op that
+    computes them all where there is one (a composite's ``Pattern.ref``: ``Gelu`` for a GELU
+    written out, ``Attention``, ``AddLayerNorm``), and None where no single one does: a
+    composite whose kernel is the whole op (the GPT-2 block: ``pattern`` says what it stands
+    for) or a fused run (``impl`` is the generated ``FusedElementwise`` subclass, named after
+    the ops it stands for, ``Fused[add+gelu+mul]``, its source in ``impl.source``)."""
+
+    ref: type | None  # the reference Op it computes (what the tape records), or None
+    impl: type  # what runs: a registered kernel's class, a generated one, or ref itself
     ins: list  # per input: ("v", slot) a graph value, or ("c", value) a constant
     kwargs: dict  # keyword arguments; an array among them is ("v", slot) or ("c", array)
     outs: list  # the slots its outputs fill
@@ -112,7 +125,7 @@ class Graph:
     needs_grad: list = field(default_factory=list)  # per slot: carries a gradient
     meta: list = field(default_factory=list)  # per slot: (shape, dtype)
     reason: str | None = None  # why it cannot be replayed (None: it can)
-    plan: list = field(default_factory=list)  # the steps replay runs (fuse.py: runs fused)
+    plan: list = field(default_factory=list)  # the steps replay runs (pipeline.plan)
     device: str = "cpu"  # where the live inputs are (kernels are generated for the CPU only)
     used: list = field(default_factory=list)  # the input slots some step or output reads
     composites: int = 0  # plan steps that stand for a window matched by a pattern
@@ -124,6 +137,22 @@ class Graph:
     def output_slots(self) -> list:
         """The slots of the tensors in the forward's result, in order."""
         return list(_slots(self.outputs))
+
+
+def last_reads(graph: Graph, steps: list) -> dict:
+    """The last-use analysis, one for the compiler: slot -> index of the last of ``steps``
+    that reads it (as an input or a keyword argument), ``len(steps)`` for the slots of the
+    graph's result. Its keys are every slot something reads; a slot that is no key, or
+    whose entry is k < len(steps), is dead after step k (replay frees it there, a fused run
+    need not write it)."""
+    last = {}
+    for k, st in enumerate(steps):
+        for kind, v in list(st.ins) + list(st.kwargs.values()):
+            if kind == "v":
+                last[v] = k
+    for s in graph.output_slots():
+        last[s] = len(steps)
+    return last
 
 
 def _slots(x):
@@ -262,8 +291,7 @@ class Tracer:
         if any(t.version != v for t, v in self.versions):
             self.fail("it writes into a tensor in place (running statistics, x += ...)")
         g.outputs = self._outputs(result)
-        read = {v for st in g.steps for kind, v in [*st.ins, *st.kwargs.values()] if kind == "v"}
-        g.used = sorted(s for s in read | set(g.output_slots()) if s < g.n_inputs)
+        g.used = sorted(s for s in last_reads(g, g.steps) if s < g.n_inputs)  # (read ones)
         # inputs some gradient flows back to (the others are passed detached: an input read
         # only where no gradient flows, a comparison say, gets none, as in eager mode)
         g.grad_used = {v for st in g.steps for (k, v), n in zip(st.ins, st.needs) if k == "v" and n}
@@ -452,7 +480,7 @@ def tracing(tracer: Tracer):
     if profiler is not None and profiler is not _profile:
         tracer.fail("a profiler (sys.setprofile) runs, so the Python state it reads is unknown")
     watch.traces = (*outer, tracer)
-    tape.op_observers.append(tracer)
+    observe.add_op_observer(tracer)
     if profiler is None:
         sys.setprofile(_profile)
     try:
@@ -460,7 +488,7 @@ def tracing(tracer: Tracer):
     finally:
         if profiler is None:
             sys.setprofile(None)
-        tape.op_observers.remove(tracer)
+        observe.remove_op_observer(tracer)
         watch.traces = outer
         _unpatch()
 
@@ -470,7 +498,7 @@ def same_graph(a: Graph, b: Graph) -> bool:
     if len(a.steps) != len(b.steps) or not same_value(a.outputs, b.outputs):
         return False
     for s, t in zip(a.steps, b.steps):
-        if (s.cls, s.impl, s.outs, s.needs) != (t.cls, t.impl, t.outs, t.needs):
+        if (s.ref, s.impl, s.outs, s.needs) != (t.ref, t.impl, t.outs, t.needs):
             return False
         if not same_value(s.ins, t.ins) or not same_value(s.kwargs, t.kwargs):
             return False

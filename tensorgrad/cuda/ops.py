@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import devices
 from ..autograd import Op, unbroadcast
-from ..kernels import register
+from ..kernels import Spec, register
 from ..ops.nn import (
     Embedding,
     check_attention,
@@ -32,13 +32,20 @@ from . import kernels as K
 
 def on_gpu(*arrays) -> bool:
     """True when every array is a float32 CuPy array (or None)."""
-    return all(a is None or (devices.is_cupy_array(a) and a.dtype == np.float32) for a in arrays)
+    return all(a is None or (_cupy(a) and a.dtype == np.float32) for a in arrays)
+
+
+def _cupy(a) -> bool:
+    """A CuPy array, or a Spec of one (kernels.which)."""
+    return devices.is_cupy_array(a) or (isinstance(a, Spec) and a.device == "cuda")
 
 
 @register(
     "softmax",
     "cuda",
     name="cuda.softmax",
+    priority=10,
+    takes="float32 CuPy, rows the kernel's block holds",
     when=lambda x, dim=-1: on_gpu(x) and K.softmax_supported(x, dim),
 )
 class CudaSoftmax(Op):
@@ -56,6 +63,8 @@ class CudaSoftmax(Op):
     "cross_entropy",
     "cuda",
     name="cuda.cross_entropy",
+    priority=10,
+    takes="float32 CuPy (N, C) logits",
     when=lambda x, target, **kw: on_gpu(x) and K.cross_entropy_supported(x),
 )
 class CudaCrossEntropy(Op):
@@ -80,6 +89,8 @@ class CudaCrossEntropy(Op):
     "layer_norm",
     "cuda",
     name="cuda.layer_norm",
+    priority=10,
+    takes="float32 CuPy x, w, b",
     when=lambda x, w, b, **kw: on_gpu(x, w, b) and K.layer_norm_supported(x, w, b),
 )
 class CudaLayerNorm(Op):
@@ -98,6 +109,8 @@ class CudaLayerNorm(Op):
     "gelu",
     "cuda",
     name="cuda.gelu",
+    priority=10,
+    takes="float32 CuPy",
     when=lambda x, approximate="tanh": on_gpu(x) and K.gelu_supported(x),
 )
 class CudaGelu(Op):
@@ -111,7 +124,12 @@ class CudaGelu(Op):
 
 
 @register(
-    "embedding", "cuda", name="cuda.embedding", when=lambda w, idx, **kw: on_gpu(w)
+    "embedding",
+    "cuda",
+    name="cuda.embedding",
+    priority=10,
+    takes="float32 CuPy weight",
+    when=lambda w, idx, **kw: on_gpu(w),
 )  # (Op.apply checks idx is on w's device)
 class CudaEmbedding(Embedding):
     """The reference's forward; backward: sorted ids, one block per id (deterministic sums)."""
@@ -127,6 +145,8 @@ class CudaEmbedding(Embedding):
     "attention",
     "cuda",
     name="cuda.flash_attention",
+    priority=10,
+    takes="float32 CuPy q, k, v, head sizes the kernel tiles",
     when=lambda q, k, v, mask, dropout_p=0.0, **kw: (
         on_gpu(q, k, v) and FA.flash_supported(q, k, v, mask, dropout_p)
     ),
@@ -150,9 +170,14 @@ class FlashAttention(Op):
         return unbroadcast(gq, sq), unbroadcast(gk, sk), unbroadcast(gv, sv), None
 
 
-register("adamw", "cuda", name="cuda.adamw", when=lambda x, g, m, v: on_gpu(x, g, m, v))(
-    K.adamw_update
-)
+register(
+    "adamw",
+    "cuda",
+    name="cuda.adamw",
+    priority=10,
+    takes="float32 CuPy x, g, m, v",
+    when=lambda x, g, m, v: on_gpu(x, g, m, v),
+)(K.adamw_update)
 
 
 MATMUL_PRECISIONS = ("highest", "tf32", "bf16")
@@ -195,6 +220,8 @@ def get_float32_matmul_precision() -> str:
     "matmul",
     "cuda",
     name="cuda.matmul_tensor_cores",
+    priority=10,
+    takes="float32 CuPy matrices (TF32 tensor cores when allowed)",
     when=lambda x, y: _precision[0] != "highest" and on_gpu(x, y),
 )
 def tensor_core_matmul(x, y):

@@ -1,39 +1,71 @@
 """The kernel registry: fast implementations of an op, registered per (op, device).
 
-Every op has one reference implementation, a plain ``Op`` in ``ops/``
-that names its op (``op = "softmax"``). A kernel is a separately
-written implementation of the same op, with its own forward, backward and saved state,
-registered for a device with a predicate saying when it applies::
+Every op has one reference implementation, a plain ``Op`` in ``ops/`` that names its op (``op
+= "softmax"``); :data:`REFERENCES` maps each op that has kernels to it. A kernel is a
+separately written implementation of the same op, with its own forward, backward and saved
+state, registered for a device with a priority and a condition saying when it applies::
 
-    @register("softmax", "cpu", when=lambda x, dim=-1: dim in (-1, x.ndim - 1))
-    class ChunkedSoftmax(Op):
+    @register("softmax", "cpu", priority=20, takes="float32, C-contiguous, last axis",
+              when=lambda x, dim=-1: dim in (-1, x.ndim - 1))
+    class NumbaSoftmax(Op):
         ...
 
-``Op.apply`` asks :func:`pick` at call time and runs the first kernel whose
-predicate accepts the arguments, else the reference. Non-Op ops (the fused
-AdamW update) are plain functions registered the same way. ``TG_KERNELS=0`` in the
-environment, or ``set_enabled(False)``, runs the references only; :func:`registered`
-lists every kernel, and the test suite checks each one against its reference.
+A condition reads the arguments' shapes, dtypes, layouts and devices only, never their
+values: ``which`` asks it with :class:`Spec` stand-ins. ``Op.apply`` asks :func:`pick` at
+call time and runs the kernel of highest priority whose condition accepts the arguments,
+else the reference; :func:`which` answers the same question for given arguments or specs,
+and :func:`table` lists every kernel in that order (docs/internals.md prints it). Non-Op ops
+(the fused AdamW update) are plain functions registered the same way. ``TG_KERNELS=0`` in the
+environment, or ``set_enabled(False)``, runs the references only; the test suite checks
+every registered kernel against its reference.
 
-Imports: collections, contextlib, dataclasses, os, sys.
+Imports: collections, contextlib, dataclasses, importlib, math, numpy, os, sys.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
+
+# op -> its reference implementation ("module:name"), which every kernel of it must equal
+REFERENCES = {
+    "softmax": "tensorgrad.ops.nn:Softmax",
+    "log_softmax": "tensorgrad.ops.nn:LogSoftmax",
+    "cross_entropy": "tensorgrad.ops.nn:CrossEntropy",
+    "layer_norm": "tensorgrad.ops.nn:LayerNorm",
+    "gelu": "tensorgrad.ops.nn:Gelu",
+    "embedding": "tensorgrad.ops.nn:Embedding",
+    "attention": "tensorgrad.ops.nn:Attention",
+    "matmul": "tensorgrad.ops.linalg:MatMul",
+    "add_layer_norm": "tensorgrad.compiler.patterns:AddLayerNorm",  # x + a, then LayerNorm
+    "gpt2_block": "tensorgrad.compiler.patterns:GPT2Block",  # the block's ops, as traced
+    "adamw": "tensorgrad.optim:adamw_update",
+    "adamw_foreach": "tensorgrad.optim:adamw_foreach",
+}
+
+
+def reference(op: str):
+    """The reference implementation of ``op`` (an Op class, a pattern or a function)."""
+    module, name = REFERENCES[op].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
 class Kernel:
     op: str  # the reference op it replaces
     device: str  # 'cpu' or 'cuda'
-    name: str  # unique, e.g. 'cpu.chunked.softmax'
+    name: str  # unique, e.g. 'cpu.numba.softmax'
     impl: object  # an Op subclass (or a function, for non-Op ops)
-    when: Callable | None  # predicate on the op's arguments (arrays and keywords)
+    when: Callable | None  # condition on the arguments' shapes, dtypes, layouts, devices
+    priority: int = 0  # the highest that applies runs
+    takes: str = ""  # the condition in words (the table's column)
 
 
 _registry: dict[tuple[str, str], list[Kernel]] = {}
@@ -41,14 +73,18 @@ _enabled = os.environ.get("TG_KERNELS", "1") != "0"
 _disabled: set[str] = set()  # kernel names or op names switched off one by one
 
 
-def register(op: str, device: str, name: str | None = None, when: Callable | None = None):
-    """Decorator: register ``impl`` as a kernel of ``op`` on ``device`` (newest first)."""
+def register(op, device, name=None, when=None, priority: int = 0, takes: str = ""):
+    """Decorator: register ``impl`` as a kernel of ``op`` on ``device``."""
+    if op not in REFERENCES:
+        raise ValueError(f"no reference for op {op!r}: add it to kernels.REFERENCES first")
 
     def deco(impl):
         kname = name or f"{device}.{getattr(impl, '__name__', op)}"
         if any(k.name == kname for ks in _registry.values() for k in ks):
             raise ValueError(f"a kernel named {kname!r} is already registered")
-        _registry.setdefault((op, device), []).insert(0, Kernel(op, device, kname, impl, when))
+        ks = _registry.setdefault((op, device), [])
+        ks.append(Kernel(op, device, kname, impl, when, priority, takes))
+        ks.sort(key=lambda k: (-k.priority, k.name))  # (not import order)
         return impl
 
     return deco
@@ -59,10 +95,56 @@ def pick(op: str, device: str, *args, **kwargs):
     kernels = _registry.get((op, device))
     if not kernels or not _enabled or op in _disabled:  # asked first: most ops have none
         return None
+    k = _first(kernels, args, kwargs)
+    return None if k is None else k.impl
+
+
+def _first(kernels: list, args, kwargs) -> Kernel | None:
     for k in kernels:
         if k.name not in _disabled and (k.when is None or k.when(*args, **kwargs)):
-            return k.impl
+            return k
     return None
+
+
+class Spec:
+    """An argument as a kernel's condition sees it: shape, dtype, layout and device, no data.
+    ``Spec((8, 64), "float32")``; ``contiguous=False`` for a strided view."""
+
+    def __init__(self, shape, dtype="float32", contiguous=True, device="cpu"):
+        self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), device
+        self.ndim, self.size = len(self.shape), math.prod(self.shape)
+        self.flags = _Flags(contiguous)
+
+    def __repr__(self):
+        return f"Spec({self.shape}, {self.dtype})"
+
+
+@dataclass(frozen=True)
+class _Flags:
+    c_contiguous: bool
+
+
+def on_cpu(a) -> bool:
+    """A NumPy array, or a Spec of one (what a CPU kernel's condition accepts)."""
+    return isinstance(a, np.ndarray) or (isinstance(a, Spec) and a.device == "cpu")
+
+
+def which(op: str, *args, device: str = "cpu", **kwargs) -> str:
+    """The name of what runs for ``op`` with these arguments (arrays, tensors or Specs):
+    a kernel's name, or ``reference`` (none applies, or kernels are off)."""
+    args = [getattr(a, "_array", a) for a in args]  # a Tensor's array
+    kernels = _registry.get((op, device), []) if _enabled and op not in _disabled else []
+    k = _first(kernels, args, kwargs)
+    return "reference" if k is None else k.name
+
+
+def table(device: str | None = None) -> str:
+    """Every registered kernel as a Markdown table, op by op in the order they are tried."""
+    rows = ["| op | reference | kernel | priority | takes |", "|---|---|---|---|---|"]
+    for k in registered(device=device):
+        ref = REFERENCES[k.op].removeprefix("tensorgrad.")
+        rows.append(f"| {k.op} | `{ref}` | `{k.name}` | {k.priority} | {k.takes} |")
+    return "\n".join(rows)
 
 
 def registered(op: str | None = None, device: str | None = None) -> list[Kernel]:

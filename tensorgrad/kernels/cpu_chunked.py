@@ -1,4 +1,8 @@
-"""CPU kernels in pure NumPy: the reference formulas run in cache-sized chunks, in place.
+"""The NumPy tier of the CPU kernels: the reference formulas run in cache-sized chunks, in
+place. They are what runs without numba (its wheel missing for a platform, or uninstalled),
+and, with numba, where a numba kernel declines: float64 softmax, cross-entropy and GELU,
+strided inputs, attention with a mask or dropout (``kernels.table()`` lists both tiers, the
+numba kernels at the higher priority). ``TG_KERNELS=0`` runs neither.
 
 Each op of ``ops/nn.py`` runs several NumPy passes; over a whole activation every pass
 streams through main memory, over a ~128 KiB chunk the later passes hit the cache
@@ -6,7 +10,7 @@ streams through main memory, over a ~128 KiB chunk the later passes hit the cach
 in-place passes, keep no more for backward than the references, and are registered
 for the 'cpu' device; ``tests/test_kernels.py`` checks each one against its reference.
 
-Imports: math, numpy, .chunks, .register, ..autograd, ..devices, ..ops.
+Imports: math, numpy, .chunks, .on_cpu, .register, ..autograd, ..devices, ..ops.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from ..ops.nn import (
     reduce_losses,
     without_padding_row,
 )
-from . import register
+from . import on_cpu, register
 from .chunks import chunked, n_chunks
 
 
@@ -45,7 +49,7 @@ def _rows(a):
 
 
 def _float(*arrays) -> bool:
-    return all(a is None or (isinstance(a, np.ndarray) and a.dtype.kind == "f") for a in arrays)
+    return all(a is None or (on_cpu(a) and a.dtype.kind == "f") for a in arrays)
 
 
 def softmax_rows(x2, y2):
@@ -81,6 +85,8 @@ def softmax_rows_backward(g2, y2, out2, scale=None):
     "softmax",
     "cpu",
     name="cpu.chunked.softmax",
+    priority=10,
+    takes="float, any layout, over the last axis (NumPy tier)",
     when=lambda x, dim=-1: _float(x) and x.ndim > 0 and dim in (-1, x.ndim - 1),
 )
 class ChunkedSoftmax(Op):
@@ -101,6 +107,8 @@ class ChunkedSoftmax(Op):
     "cross_entropy",
     "cpu",
     name="cpu.chunked.cross_entropy",
+    priority=10,
+    takes="float (N, C) logits (NumPy tier)",
     when=lambda x, target, **kw: _float(x) and x.ndim == 2,
 )
 class ChunkedCrossEntropy(Op):
@@ -152,6 +160,8 @@ class ChunkedCrossEntropy(Op):
     "layer_norm",
     "cpu",
     name="cpu.chunked.layer_norm",
+    priority=10,
+    takes="float x, w, b (NumPy tier)",
     when=lambda x, w, b, nd=1, eps=1e-5: _float(x, w, b) and x.ndim >= nd,
 )
 class ChunkedLayerNorm(Op):
@@ -225,6 +235,8 @@ class ChunkedLayerNorm(Op):
     "gelu",
     "cpu",
     name="cpu.chunked.gelu_tanh",
+    priority=10,
+    takes="float, tanh form (NumPy tier)",
     when=lambda x, approximate="tanh": _float(x) and approximate == "tanh",
 )
 class ChunkedGeluTanh(Op):
@@ -293,7 +305,9 @@ def _tanh_arg(xs, u):
     "embedding",
     "cpu",
     name="cpu.sorted.embedding",
-    when=lambda w, idx, **kw: _float(w) and isinstance(idx, np.ndarray),
+    priority=10,
+    takes="float weight, NumPy ids (NumPy tier)",
+    when=lambda w, idx, **kw: _float(w) and on_cpu(idx),
 )
 class SortedEmbedding(Embedding):
     """The reference's forward; backward sorts the ids and sums runs (add.reduceat), much
@@ -320,6 +334,8 @@ class SortedEmbedding(Embedding):
     "attention",
     "cpu",
     name="cpu.inplace.attention",
+    priority=10,
+    takes="float q, k, v, masks and dropout too (NumPy tier)",
     when=lambda q, k, v, mask, **kw: _float(q, k, v),
 )
 class InplaceAttention(Op):
@@ -388,6 +404,8 @@ ADAMW_CHUNK = 1 << 17  # elements per pass: one chunk's temporaries stay in cach
     "adamw",
     "cpu",
     name="cpu.chunked.adamw",
+    priority=10,
+    takes="float, C-contiguous x (NumPy tier)",
     when=lambda x, g, m, v: _float(x, g, m, v) and x.flags.c_contiguous,
 )
 def chunked_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:

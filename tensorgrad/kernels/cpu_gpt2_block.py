@@ -15,11 +15,12 @@ for float32 NumPy inputs with every parameter present. Per block:
     backward: the same in reverse, each bias / LayerNorm-parameter gradient summed inside
               the numba pass that already reads its rows, residual gradients added there too.
 
-The attention is the flash-style kernel's (``cpu_numba_attention``: query strips, the
-probabilities kept by its rule or recomputed in backward from the logsumexp; up to SHORT_T
-positions, numba loops per head instead, whose strips would be GEMMs of a few rows, keeping
-the probabilities), on (B, nh, T, hs) views of the (B, T, 3C) projection and of the (B, T, C) output: no head copies, the GEMMs read them
-with a leading dimension. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
+The attention is the flash kernel's own strips (``cpu_numba_attention.strip_forward`` and
+``strip_backward``: the probabilities kept by its rule or recomputed in backward from the
+logsumexp; up to SHORT_T positions, numba loops per head instead, whose strips would be GEMMs
+of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the (B, T, 3C)
+projection and of the (B, T, C) output: no head copies, the GEMMs read them with a leading
+dimension. Its LayerNorm, GELU and softmax are formulas.py's, as every CPU kernel's. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
 the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
 beside its derivative (the same exp), so each block holds 4·C floats per row less until its
 backward (151 MB at gpt2-124M, T = 1024). Under ``create_graph`` the compiled graph
@@ -40,7 +41,7 @@ from ..autograd import Op
 from ..tensor import Tensor
 from . import register
 from .cpu_numba import numpy_array, threads_for
-from .cpu_numba_attention import DSCORES, PROBS, PROBS_AGAIN, keeps_probs, strips
+from .cpu_numba_attention import keeps_probs, strip_backward, strip_forward, strips
 from .cpu_numba_block import (
     bias_gelu_fwd,
     gelu_bwd_bias,
@@ -110,13 +111,10 @@ def attention_fwd(qkv, y, stats, shape, scale):
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     (o,) = _heads(y, B, T, nh, hs, 1)
     BH = B * nh
-    kept = stats.shape[1] == T * T  # (one strip): its scores become the kept probabilities
-    lse = np.empty((BH, T), F32) if kept else stats
+    kept = stats.reshape(B, nh, T, T) if stats.shape[1] == T * T else None  # (one strip)
+    lse = stats if kept is None else np.empty((BH, T), F32)
     for i0, i1 in strips(BH, T, T):
-        out = stats.reshape(B, nh, T, T) if kept else None
-        p = np.matmul(q[:, :, i0:i1], k[:, :, :i1].transpose(0, 1, 3, 2), out=out)  # (B, nh, r, i1)
-        PROBS[0](p.reshape(BH, i1 - i0, i1), scale, i0, 0, True, lse[:, i0:i1])
-        np.matmul(p, v[:, :, :i1], out=o[:, :, i0:i1])
+        strip_forward(q, k, v, o, lse, kept, i0, i1, scale, 0, True, 0)
 
 
 def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
@@ -127,31 +125,28 @@ def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
         return
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     gq, gk, gv = _heads(dqkv, B, T, nh, hs, 3)
-    (o,) = _heads(y, B, T, nh, hs, 1)
     (g,) = _heads(dy, B, T, nh, hs, 1)
-    BH = B * nh
-    kept = stats.shape[1] == T * T
-    d = np.einsum("bhtd,bhtd->bht", g, o).reshape(BH, T)  # rowsum(g·o) per query
-    for i0, i1 in strips(BH, T, T):
-        qs, gs, ks, vs = q[:, :, i0:i1], g[:, :, i0:i1], k[:, :, :i1], v[:, :, :i1]
-        if kept:  # the forward's probabilities (one strip, all of them)
-            p = stats.reshape(B, nh, T, T)
-        else:
-            p = np.matmul(qs, ks.transpose(0, 1, 3, 2))  # (B, nh, r, i1)
-            PROBS_AGAIN[0](p.reshape(BH, i1 - i0, i1), scale, i0, 0, True, stats[:, i0:i1])
-        p3 = p.reshape(BH, i1 - i0, i1)
-        gv[:, :, :i1] += np.matmul(p.transpose(0, 1, 3, 2), gs)
-        dp = np.matmul(gs, vs.transpose(0, 1, 3, 2))
-        DSCORES[0](p3, dp.reshape(p3.shape), d[:, i0:i1], scale)
-        np.matmul(dp, ks, out=gq[:, :, i0:i1])
-        gk[:, :, :i1] += np.matmul(dp.transpose(0, 1, 3, 2), qs)
+    kept = stats.reshape(B, nh, T, T) if stats.shape[1] == T * T else None
+    d = None  # rowsum(g·o) per query (None: from the kept probabilities)
+    if kept is None:
+        (o,) = _heads(y, B, T, nh, hs, 1)
+        d = np.einsum("bhtd,bhtd->bht", g, o).reshape(B * nh, T)
+    for i0, i1 in strips(B * nh, T, T):
+        strip_backward(q, k, v, g, gq, gk, gv, d, stats, kept, i0, i1, scale, 0, True, 0)
 
 
 def _sums(parts):
     return parts.sum(axis=0)
 
 
-@register("gpt2_block", "cpu", name="cpu.numba.gpt2_block", when=_when)
+@register(
+    "gpt2_block",
+    "cpu",
+    name="cpu.numba.gpt2_block",
+    priority=20,
+    takes="float32 C-contiguous (B, T, C) x and the block's 12 parameters",
+    when=_when,
+)
 class NumbaGPT2Block(Op):
     """The whole GPT-2 block for float32 on the CPU: inputs x and GPT2_BLOCK_PARAMS; the
     MLP's GELU is the tanh form (``approximate="tanh"``) or the exact one (``"none"``)."""

@@ -22,7 +22,8 @@ in ``__pycache__`` or NUMBA_CACHE_DIR): the first use in a fresh environment com
 every kernel it meets (a char-small training step: 12-15 s on the 2-core machine of
 benchmarks/, ``python -m benchmarks.startup``), later processes load them (0.6 s).
 
-Imports: math, numba, numpy, os, .numba_math, .register, .threads, ..autograd, ..ops.
+Imports: math, numba, numpy, os, .formulas, .numba_math, .on_cpu, .register, .threads,
+..autograd, ..ops.
 """
 
 from __future__ import annotations
@@ -35,31 +36,30 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Op
-from ..ops.nn import GELU_C, SQRT_2_OVER_PI, check_classes, loss_coef, reduce_losses
-from . import register, threads
-from .numba_math import (
-    exp32,
-    exp32_in_place,
-    exp32_nonpos,
-    jit,
-    rdot,
-    rdot2dev,
-    rmax,
-    rsqdev,
-    rsum,
+from ..ops.nn import check_classes, loss_coef, reduce_losses
+from . import on_cpu, register, threads
+from .formulas import (
+    FM,
+    gelu_erf,
+    gelu_erf_grad,
+    gelu_tanh,
+    gelu_tanh_grad,
+    ln_row,
+    ln_row_grad,
+    log_softmax_grad,
+    log_softmax_row,
+    softmax_grad_in_place,
+    softmax_in_place,
 )
+from .numba_math import exp32_in_place, exp32_nonpos, jit, rdot, rmax, rsum
 
 F32 = np.float32
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-# The one fast-math flag of every kernel: FMA where the code multiplies and adds. Not
-# reassoc (nor nsz): that let the cached and the freshly compiled copy of a kernel order
-# its sums differently (numba_math's "One computation"); no nnan/ninf: inf/NaN propagate.
-FM = {"contract"}
 
 
 def numpy_array(a):
     """The NumPy array behind a raw array or a Tensor (None for anything else)."""
-    if isinstance(a, np.ndarray):
+    if on_cpu(a):  # (or a Spec of one: kernels.which)
         return a
     d = getattr(a, "array", None)
     return d if isinstance(d, np.ndarray) else None
@@ -152,53 +152,49 @@ def contiguous(a):
 # ----------------------------------------------------------------------------- softmax family
 
 
+# Each kernel runs the row formula of kernels/formulas.py over the rows, in parallel.
+
+
 @jit(parallel=True, fastmath=FM)
 def _softmax_fwd(x, y):
     for i in prange(x.shape[0]):
-        xi, yi = x[i], y[i]
-        m = rmax(xi)
-        for j in range(xi.size):
-            yi[j] = exp32_nonpos(xi[j] - m)
-        r = F32(1) / rsum(yi)
-        for j in range(xi.size):
-            yi[j] *= r
+        yi = y[i]
+        yi[:] = x[i]
+        softmax_in_place(yi, yi.size)
 
 
 @jit(parallel=True, fastmath=FM)
 def _softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
         gi, yi, o = g[i], y[i], gx[i]
-        d = rdot(gi, yi)
-        for j in range(gi.size):
-            o[j] = yi[j] * (gi[j] - d)
+        o[:] = gi
+        softmax_grad_in_place(o, yi, rdot(gi, yi), F32(1))
 
 
 @jit(parallel=True, fastmath=FM)
 def _log_softmax_fwd(x, y):
     for i in prange(x.shape[0]):
-        xi, yi = x[i], y[i]
-        m = rmax(xi)
-        for j in range(xi.size):
-            yi[j] = exp32_nonpos(xi[j] - m)
-        ls = F32(math.log(rsum(yi)))
-        for j in range(xi.size):
-            yi[j] = (xi[j] - m) - ls  # x - m is exact: ±1e4 logits keep their digits
+        log_softmax_row(x[i], y[i])
 
 
 @jit(parallel=True, fastmath=FM)
 def _log_softmax_bwd(g, y, gx):
     for i in prange(g.shape[0]):
-        gi, yi, o = g[i], y[i], gx[i]
-        sg = rsum(gi)
-        for j in range(gi.size):
-            o[j] = gi[j] - exp32_nonpos(yi[j]) * sg
+        log_softmax_grad(g[i], y[i], gx[i])
 
 
 def _softmax_when(x, dim=-1):
     return _f32(x) and _last_dim(x, dim)
 
 
-@register("softmax", "cpu", name="cpu.numba.softmax", when=_softmax_when)
+@register(
+    "softmax",
+    "cpu",
+    name="cpu.numba.softmax",
+    priority=20,
+    takes="float32, C-contiguous, over the last axis",
+    when=_softmax_when,
+)
 class NumbaSoftmax(Op):
     """softmax over the last axis of float32 x: max, e^(x-max) and 1/sum in one row pass."""
 
@@ -215,7 +211,14 @@ class NumbaSoftmax(Op):
         return gx
 
 
-@register("log_softmax", "cpu", name="cpu.numba.log_softmax", when=_softmax_when)
+@register(
+    "log_softmax",
+    "cpu",
+    name="cpu.numba.log_softmax",
+    priority=20,
+    takes="float32, C-contiguous, over the last axis",
+    when=_softmax_when,
+)
 class NumbaLogSoftmax(Op):
     """log_softmax over the last axis of float32 x; backward g - e^y·sum(g) per row."""
 
@@ -286,6 +289,8 @@ def _ce_bwd(x, t, mx, ls, coef, gx):
     "cross_entropy",
     "cpu",
     name="cpu.numba.cross_entropy",
+    priority=20,
+    takes="float32 C-contiguous (N, C) logits, (N,) targets",
     when=lambda x, target, ignore_index=-100, reduction="mean": (
         _f32(x)
         and numpy_array(x).ndim == 2
@@ -323,24 +328,10 @@ class NumbaCrossEntropy(Op):
 # ----------------------------------------------------------------------------- layer norm
 
 
-@jit(fastmath=FM, inline="always")  # (inlined at numba's level: callers share its flags)
-def _ln_row(xi, w, b, eps, yi):
-    """yi = LayerNorm(xi)·w + b for one row; returns 1/std. All in x's dtype: a float64 mean
-    (an int divisor promotes) made the row loops float64, half as wide (13 against 5 µs on
-    gpt-nano's 384 rows of 48, family 26 model 2)."""
-    c, t = xi.size, xi.dtype.type
-    mean = t(rsum(xi) / c)
-    var = rsqdev(xi, mean)  # two passes (the row is in L1): no cancellation in E[x²]-E[x]²
-    r = t(1) / np.sqrt(var / t(c) + eps)
-    for j in range(c):
-        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
-    return r
-
-
 @jit(parallel=True, fastmath=FM)
 def _ln_fwd(x, w, b, eps, y, rstd):
     for i in prange(x.shape[0]):
-        rstd[i] = _ln_row(x[i], w, b, eps, y[i])
+        rstd[i] = ln_row(x[i], w, b, eps, y[i])[1]
 
 
 @jit(parallel=True, fastmath=FM)
@@ -351,51 +342,24 @@ def _add_ln_fwd(x, a, w, b, eps, s, y, rstd):
         si = s[i]
         for j in range(c):
             si[j] = x[i, j] + a[i, j]
-        rstd[i] = _ln_row(si, w, b, eps, y[i])
-
-
-@jit(fastmath=FM, inline="always")
-def _ln_row_bwd(gi, xi, w, r, o, gwp, gbp):
-    """o = ∂LayerNorm/∂x · gi for one row; gwp += gi·x̂, gbp += gi.
-
-    Not shared with the fused block's ln_bwd_residual on purpose: here the row sums a, k
-    stay in float64 for float32 input, so g·w - a is not contracted into an FMA
-    that leaves g·w's rounding error (times 1/std) where the gradient is 0, e.g. over one
-    feature (tests/test_kernels.py::test_layer_norm_kernel_over_one_feature)."""
-    c = xi.size
-    mean = xi.dtype.type(rsum(xi) / c)  # as in forward, so x̂ is the forward's x̂
-    s1, s2 = rdot2dev(gi, w, xi, mean)  # Σ ĝ and Σ ĝ·(x - mean), ĝ = g·w
-    a = s1 / c
-    k = s2 * r / c  # mean(ĝ·x̂)
-    for j in range(c):
-        xh = (xi[j] - mean) * r
-        o[j] = (gi[j] * w[j] - a - xh * k) * r
-        gwp[j] += gi[j] * xh
-        gbp[j] += gi[j]
+        rstd[i] = ln_row(si, w, b, eps, y[i])[1]
 
 
 @jit(parallel=True, fastmath=FM)
-def _ln_bwd(g, x, w, rstd, gx, gw_part, gb_part):
-    """gx per row; Σ g·x̂ and Σ g over the rows of each of gw_part's blocks."""
-    n = x.shape[0]
+def _ln_bwd(g, x, w, rstd, gs, gx, gw_part, gb_part):
+    """gx = gs + ∂LayerNorm/∂x · g per row (gs: the gradient reaching AddLayerNorm's sum
+    from its other readers, added first as the two ops' walk adds them; None: LayerNorm
+    alone); Σ g·x̂ and Σ g over the rows of each of gw_part's blocks. The row mean is
+    recomputed from x, as the forward computed it (one more read of a row in cache)."""
+    n, c = x.shape
     parts = gw_part.shape[0]
     for p in prange(parts):
         for i in range(p * n // parts, (p + 1) * n // parts):
-            _ln_row_bwd(g[i], x[i], w, rstd[i], gx[i], gw_part[p], gb_part[p])
-
-
-@jit(parallel=True, fastmath=FM)
-def _add_ln_bwd(g, x, w, rstd, gs, gx, gw_part, gb_part):
-    """_ln_bwd, then gx += gs per row while the row is in L1 (gs: the gradient reaching the
-    sum s = x + a from its other readers), in the order the two ops' walk adds them."""
-    n = x.shape[0]
-    parts = gw_part.shape[0]
-    for p in prange(parts):
-        for i in range(p * n // parts, (p + 1) * n // parts):
-            o, gsi = gx[i], gs[i]
-            _ln_row_bwd(g[i], x[i], w, rstd[i], o, gw_part[p], gb_part[p])
-            for j in range(o.size):
-                o[j] = gsi[j] + o[j]
+            xi, o = x[i], gx[i]
+            if gs is not None:
+                o[:] = gs[i]
+            mean = xi.dtype.type(rsum(xi) / c)
+            ln_row_grad(g[i], xi, w, mean, rstd[i], o, gw_part[p], gb_part[p], gs is not None)
 
 
 def _ln_when(x, w, b, nd=1, eps=1e-5):
@@ -422,7 +386,14 @@ def _ln_vector(v, C: int, dtype, fill: float):
     return np.full(C, fill, dtype) if v is None else np.ascontiguousarray(v).reshape(C)
 
 
-@register("layer_norm", "cpu", name="cpu.numba.layer_norm", when=_ln_when)
+@register(
+    "layer_norm",
+    "cpu",
+    name="cpu.numba.layer_norm",
+    priority=20,
+    takes="float32 or float64, C-contiguous x; w, b of x's dtype and trailing shape",
+    when=_ln_when,
+)
 class NumbaLayerNorm(Op):
     """LayerNorm over the trailing nd dims (float32 or float64), one pass per row each way.
 
@@ -455,11 +426,8 @@ class NumbaLayerNorm(Op):
         gw_part, gb_part = np.zeros((parts, C), x.dtype), np.zeros((parts, C), x.dtype)
         gx = np.empty_like(x2)
         g2 = contiguous(g).reshape(n, C)
-        if gs is None:
-            run_kernel(_ln_bwd, x.size, g2, x2, w1, rstd, gx, gw_part, gb_part)
-        else:
-            gs2 = contiguous(gs).reshape(n, C)
-            run_kernel(_add_ln_bwd, x.size, g2, x2, w1, rstd, gs2, gx, gw_part, gb_part)
+        gs2 = None if gs is None else contiguous(gs).reshape(n, C)
+        run_kernel(_ln_bwd, x.size, g2, x2, w1, rstd, gs2, gx, gw_part, gb_part)
         wshape = x.shape[x.ndim - self.nd :]
         gw = gw_part.sum(axis=0).reshape(wshape) if self.has_w else None
         gb = gb_part.sum(axis=0).reshape(wshape) if self.has_b else None
@@ -473,7 +441,14 @@ def _add_ln_when(x, a, w, b, nd=1, eps=1e-5):
     return bool(aa.flags.c_contiguous) and _ln_when(x, w, b, nd, eps)
 
 
-@register("add_layer_norm", "cpu", name="cpu.numba.add_layer_norm", when=_add_ln_when)
+@register(
+    "add_layer_norm",
+    "cpu",
+    name="cpu.numba.add_layer_norm",
+    priority=20,
+    takes="as cpu.numba.layer_norm, a of x's shape, dtype and layout",
+    when=_add_ln_when,
+)
 class NumbaAddLayerNorm(NumbaLayerNorm):
     """s = x + a and LayerNorm(s) in one pass per row each way (compiler.patterns.AddLayerNorm, made by
     tensorgrad.compile): the sum is normalised while its row is in L1, and the backward adds
@@ -503,78 +478,7 @@ class NumbaAddLayerNorm(NumbaLayerNorm):
 
 # ----------------------------------------------------------------------------- GELU
 
-_K = F32(SQRT_2_OVER_PI)
-_K3 = F32(3 * GELU_C)
-_GC = F32(GELU_C)
 BLOCK = 1 << 14  # elements per parallel work item of the elementwise kernels
-
-
-# The GELU of one float32, each form stated once: the elementwise kernels below and the fused
-# GPT-2 block's passes (cpu_numba_block) inline these.
-
-
-@jit(inline="always", fastmath=FM)
-def gelu_tanh(x):
-    """0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)), u = √(2/π)(x + 0.044715x³): no
-    cancellation at large negative x."""
-    u = _K * (x + _GC * x * x * x)
-    return x / (F32(1) + exp32(min(F32(-2) * u, F32(80))))
-
-
-@jit(inline="always", fastmath=FM)
-def gelu_tanh_grad(x):
-    """(GELU_tanh(x), its derivative) with one exp: d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with
-    σ(1-σ) = e·σ², e = e^(-2u) (capped: no inf·0)."""
-    x2 = x * x
-    e = exp32(min(F32(-2) * _K * (x + _GC * x2 * x), F32(80)))
-    s = F32(1) / (F32(1) + e)
-    es = e * s * s  # first: e alone may be 5e34, times x it would overflow
-    return x / (F32(1) + e), s + x * F32(2) * es * _K * (F32(1) + _K3 * x2)
-
-
-_R2 = F32(1 / math.sqrt(2.0))
-_R2PI = F32(1 / math.sqrt(2 * math.pi))
-# erfc(z) = t·exp(-z² + poly(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit
-_ERFC = tuple(
-    F32(c)
-    for c in (
-        -1.26551223,
-        1.00002368,
-        0.37409196,
-        0.09678418,
-        -0.18628806,
-        0.27886807,
-        -1.13520398,
-        1.48851587,
-        -0.82215223,
-        0.17087277,
-    )
-)
-
-
-@jit(inline="always", fastmath=FM)
-def _phi(x):
-    """Φ(x) = erfc(-x/√2)/2 to about 1e-7 relative error (exact in the lower tail)."""
-    z = abs(x) * _R2
-    t = F32(1) / (F32(1) + F32(0.5) * z)
-    p = _ERFC[9]
-    for k in range(8, -1, -1):
-        p = p * t + _ERFC[k]
-    h = F32(0.5) * t * exp32(p - z * z)  # erfc(z)/2
-    return F32(1) - h if x >= 0 else h
-
-
-@jit(inline="always", fastmath=FM)
-def gelu_erf(x):
-    """The exact GELU x·Φ(x)."""
-    return x * _phi(x)
-
-
-@jit(inline="always", fastmath=FM)
-def gelu_erf_grad(x):
-    """(x·Φ(x), its derivative Φ(x) + x·φ(x)) with one Φ."""
-    p = _phi(x)
-    return x * p, p + x * _R2PI * exp32_nonpos(F32(-0.5) * x * x)
 
 
 @jit(parallel=True, fastmath=FM)
@@ -621,6 +525,8 @@ def _gelu_erf_bwd(x, g, gx):
     "gelu",
     "cpu",
     name="cpu.numba.gelu",
+    priority=20,
+    takes="float32, C-contiguous, tanh or exact",
     when=lambda x, approximate="tanh": _f32(x) and approximate in ("tanh", "none"),
 )
 class NumbaGelu(Op):

@@ -3,7 +3,7 @@ cores from PARALLEL_MIN elements, and a list of small parameters in a few calls
 (``adamw_foreach``, as torch.optim's foreach). ``tests/test_kernels.py`` checks both against
 ``tensorgrad.optim``'s formula.
 
-Imports: math, numba, numpy, .cpu_numba, .numba_math, .register.
+Imports: math, numba, numpy, .cpu_numba, .formulas, .numba_math, .on_cpu, .register.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import math
 import numpy as np
 from numba import prange
 
-from . import register
-from .cpu_numba import BLOCK, FLOATS, FM, PARALLEL_MIN, contiguous, numpy_array, run_kernel
+from . import on_cpu, register
+from .cpu_numba import BLOCK, FLOATS, PARALLEL_MIN, contiguous, numpy_array, run_kernel
+from .formulas import FM
 from .numba_math import jit
 
 # ----------------------------------------------------------------------------- AdamW
@@ -69,7 +70,14 @@ def _adamw_scalars(lr, b1, b2, eps, wd, step) -> tuple:
 # model 17 (Zen 4), 2 cores, 2.3k / 100k / 2M / 10M parameters: 9 / 50 / 544 / 4,491 µs
 # against 13 / 149 / 3,645 / 19,523 (benchmarks/kernels_ab.py times both). Before that the
 # chunked update was the faster (26.5 vs 40.1 ms for 10M on one numba thread).
-@register("adamw", "cpu", name="cpu.numba.adamw", when=_adamw_when)
+@register(
+    "adamw",
+    "cpu",
+    name="cpu.numba.adamw",
+    priority=20,
+    takes="x, g, m, v float32 or float64 of one shape, C-contiguous",
+    when=_adamw_when,
+)
 def numba_adamw_update(x, g, m, v, *, lr, b1, b2, eps, wd, step) -> None:
     """tensorgrad.optim.adamw_update in one pass over x, g, m, v (in place, same order)."""
     args = (x.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1))
@@ -106,7 +114,8 @@ def _adamw_foreach_when(xs, gs, ms, vs, hyper) -> bool:
     nd = _NDARRAY
     for x, g, m, v in zip(xs, gs, ms, vs):
         if type(x) is not nd or type(g) is not nd or type(m) is not nd or type(v) is not nd:
-            return False
+            if not (on_cpu(x) and on_cpu(g) and on_cpu(m) and on_cpu(v)):  # (Specs: which)
+                return False
         dt, shape = x.dtype, x.shape
         if dt not in FLOATS or g.dtype != dt or m.dtype != dt or v.dtype != dt:
             return False
@@ -117,7 +126,14 @@ def _adamw_foreach_when(xs, gs, ms, vs, hyper) -> bool:
     return True
 
 
-@register("adamw_foreach", "cpu", name="cpu.numba.adamw_foreach", when=_adamw_foreach_when)
+@register(
+    "adamw_foreach",
+    "cpu",
+    name="cpu.numba.adamw_foreach",
+    priority=20,
+    takes="every x, g, m, v as cpu.numba.adamw takes them",
+    when=_adamw_foreach_when,
+)
 def numba_adamw_foreach(xs, gs, ms, vs, hyper) -> None:
     """tensorgrad.optim.adamw_foreach: every update in place, small ones FOREACH per call."""
     batches: dict = {}  # dtype -> ([x], [g], [m], [v], [scalars]) of the small parameters

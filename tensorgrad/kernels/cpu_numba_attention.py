@@ -15,7 +15,8 @@ THREADS_OVER).
 Backward per strip (D = rowsum(g·o), P = e^(s·scale - lse)):
     gv += Pᵀ·g;  dP = g·vᵀ;  dS = P·(dP - D)·scale;  gq = dS·k;  gk += dSᵀ·q
 
-Imports: concurrent, math, numba, numpy, .cpu_numba, .numba_math, .register, ..autograd.
+Imports: concurrent, math, numba, numpy, .cpu_numba, .formulas, .numba_math, .register,
+..autograd.
 """
 
 from __future__ import annotations
@@ -29,52 +30,37 @@ from numba import prange
 
 from ..autograd import Op
 from . import register
-from .cpu_numba import FM, PARALLEL_MIN, kernel_threads, numpy_array, threads_for
-from .numba_math import exp32, jit, rdot, rmax, rsum
+from .cpu_numba import PARALLEL_MIN, kernel_threads, numpy_array, threads_for
+from .formulas import FM, probs_again, softmax_grad_in_place, softmax_in_place
+from .numba_math import jit, rdot
 
 F32 = np.float32
 STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by malloc
 
 
-# One row's work, then two drivers per op: parallel over rows (one call for all heads), and
-# serial without the GIL (one call per thread when threads split the heads, see _by_heads).
+# One row's work (formulas.py's softmax, on the scores times the scale), then two drivers
+# per op: parallel over rows (one call for all heads), and serial without the GIL (one call
+# per thread when threads split the heads, see _by_heads).
 
 
 @jit(fastmath=FM)
 def _row_probs(row, scale, lim):
     """row (scores) -> probabilities in place, keys >= lim masked; returns the logsumexp of
     row·scale (-inf for a row that sees no key: it becomes zeros)."""
-    if lim == 0:  # (if/else, no `continue` or early return: see cpu_numba._ce_bwd)
-        row[:] = 0
-        lse = F32(-np.inf)
-    else:
-        for j in range(lim):
-            row[j] *= scale
-        m = rmax(row[:lim])
-        for j in range(lim):
-            row[j] = exp32(row[j] - m)
-        tot = rsum(row[:lim])
-        inv = F32(1) / tot
-        for j in range(lim):
-            row[j] *= inv
-        row[lim:] = 0
-        lse = m + F32(math.log(tot))
-    return lse
+    for j in range(lim):
+        row[j] *= scale
+    return softmax_in_place(row, lim)
 
 
 @jit(fastmath=FM)
 def _row_probs_again(row, scale, lim, lse):
-    """row (scores) -> the forward's probabilities e^(row·scale - lse) in place."""
-    for j in range(lim):
-        row[j] = exp32(row[j] * scale - lse)
-    row[lim:] = 0
+    probs_again(row, scale, lim, lse)
 
 
 @jit(fastmath=FM)
 def _row_dscores(p, dp, d, scale):
-    """dp <- p·(dp - d)·scale in place (d = rowsum(g·o) of this query)."""
-    for j in range(dp.size):
-        dp[j] = p[j] * (dp[j] - d) * scale
+    """dp <- p·(dp - d)·scale in place (d = rowsum(g·o) of this query): softmax's backward."""
+    softmax_grad_in_place(dp, p, d, scale)
 
 
 @jit(inline="always")
@@ -159,6 +145,54 @@ def strips(BH: int, L: int, S: int):
     return [(i0, min(L, i0 + bq)) for i0 in range(0, L, bq)]
 
 
+def _keys(i1: int, S: int, off: int, causal: bool) -> int:
+    """Keys a strip ending at query i1 may see (under the causal mask, up to its last query)."""
+    return min(S, i1 + off) if causal else S
+
+
+def _t(a):
+    return a.swapaxes(-1, -2)
+
+
+def strip_forward(q, k, v, o, lse, kept, i0, i1, scale, off, causal, serial) -> None:
+    """One query strip [i0, i1) of every head of q (..., L, E), k (..., S, E), v (..., S, Ev):
+    o[..., i0:i1, :] = softmax(q·kᵀ·scale, masked)·v and lse (heads, L)[:, i0:i1] <- each
+    query's logsumexp. ``kept``: where the probabilities are kept (one strip: (..., L, S)),
+    else None. Any strides (the fused block passes head views of its qkv projection)."""
+    r, n = i1 - i0, _keys(i1, k.shape[-2], off, causal)
+    if n <= 0:
+        o[..., i0:i1, :] = 0
+        lse[:, i0:i1] = -np.inf
+        return
+    p = np.matmul(q[..., i0:i1, :], _t(k[..., :n, :]), out=kept)  # (..., r, n)
+    PROBS[serial](p.reshape(-1, r, n), scale, i0, off, causal, lse[:, i0:i1])
+    np.matmul(p, v[..., :n, :], out=o[..., i0:i1, :])
+
+
+def strip_backward(q, k, v, g, gq, gk, gv, d, lse, kept, i0, i1, scale, off, causal, serial):
+    """The gradients of strip_forward's strip: gq[..., i0:i1, :] = dS·k, gk += dSᵀ·q,
+    gv += Pᵀ·g, with P recomputed from lse (or ``kept``) and dS = P·(g·vᵀ - D)·scale,
+    D = d (heads, L)[:, i0:i1] = rowsum(g·o); where d is None (the probabilities kept, the
+    output not), D = rowsum(P·(g·vᵀ)), the same number."""
+    r, n = i1 - i0, _keys(i1, k.shape[-2], off, causal)
+    if n <= 0:
+        gq[..., i0:i1, :] = 0
+        return
+    qs, gs, ks, vs = q[..., i0:i1, :], g[..., i0:i1, :], k[..., :n, :], v[..., :n, :]
+    if kept is not None:
+        p = kept
+    else:
+        p = np.matmul(qs, _t(ks))
+        PROBS_AGAIN[serial](p.reshape(-1, r, n), scale, i0, off, causal, lse[:, i0:i1])
+    gv[..., :n, :] += np.matmul(_t(p), gs)
+    dp = np.matmul(gs, _t(vs))
+    p3, dp3 = p.reshape(-1, r, n), dp.reshape(-1, r, n)
+    D = np.einsum("hij,hij->hi", p3, dp3) if d is None else d[:, i0:i1]
+    DSCORES[serial](p3, dp3, D, scale)
+    np.matmul(dp, ks, out=gq[..., i0:i1, :])
+    gk[..., :n, :] += np.matmul(_t(dp), qs)
+
+
 # ----------------------------------------------------------------------------- threads
 # THREADS_OVER = "heads": the (batch, head) pairs are split over numba's thread count of
 # Python threads, each running single-threaded OpenBLAS and the serial drivers: one pool,
@@ -222,7 +256,14 @@ def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):
     )
 
 
-@register("attention", "cpu", name="cpu.numba.flash_attention", when=_attn_when)
+@register(
+    "attention",
+    "cpu",
+    name="cpu.numba.flash_attention",
+    priority=20,
+    takes="float32 q, k, v (any strides), S > Ev, no mask, no dropout",
+    when=_attn_when,
+)
 class NumbaFlashAttention(Op):
     """softmax(q·kᵀ·scale [causal])·v for float32 q (..., L, E), k (..., S, E) and v
     (..., S, Ev) with S > Ev, without a mask or dropout; saves q, k, v, o and the logsumexp
@@ -244,16 +285,12 @@ class NumbaFlashAttention(Op):
         def heads(h0, h1, serial):
             # strips of all BH heads' size, whatever share a thread takes: gk and gv sum over
             # the strips, so the same strips give the same bits on any thread count
+            hk = None if kept is None else kept[h0:h1]  # (one strip: all keys)
             for i0, i1 in strips(BH, L, S):
-                n = min(S, i1 + off) if causal else S  # keys this strip may see
-                if n <= 0:
-                    o[h0:h1, i0:i1] = 0
-                    lse[h0:h1, i0:i1] = -np.inf
-                    continue
-                out = None if kept is None else kept[h0:h1]  # (one strip: n = S)
-                p = np.matmul(q3[h0:h1, i0:i1], k3[h0:h1, :n].transpose(0, 2, 1), out=out)
-                PROBS[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])  # p: (h, r, n)
-                np.matmul(p, v3[h0:h1, :n], out=o[h0:h1, i0:i1])
+                strip_forward(
+                    *(q3[h0:h1], k3[h0:h1], v3[h0:h1], o[h0:h1], lse[h0:h1], hk),
+                    *(i0, i1, sc, off, causal, serial),
+                )
 
         _by_heads(heads, BH, BH * L * S)
         o = o.reshape(*lead, L, Ev)
@@ -273,32 +310,22 @@ class NumbaFlashAttention(Op):
         q3, k3, v3 = q.reshape(BH, L, E), k.reshape(BH, S, E), v.reshape(BH, S, Ev)
         g3 = np.ascontiguousarray(g).reshape(BH, L, Ev)
         sc, causal, off = self.scale, self.causal, self.off
-        d = np.empty((BH, L), F32)  # rowsum(g·o) per query
+        d = None  # rowsum(g·o) per query; None: from the kept probabilities, strip by strip
         if kept is None:
+            d = np.empty((BH, L), F32)
             with threads_for(g3.size):
                 _rowdot(g3, o.reshape(BH, L, Ev), d)
         gq = np.empty_like(q3)
         gk, gv = np.zeros_like(k3), np.zeros_like(v3)
 
         def heads(h0, h1, serial):
+            hk, hd = (None if a is None else a[h0:h1] for a in (kept, d))
             for i0, i1 in strips(BH, L, S):  # (as in forward: the same on any thread count)
-                n = min(S, i1 + off) if causal else S
-                if n <= 0:
-                    gq[h0:h1, i0:i1] = 0
-                    continue
-                qs, gs, ks, vs = q3[h0:h1, i0:i1], g3[h0:h1, i0:i1], k3[h0:h1, :n], v3[h0:h1, :n]
-                if kept is not None:  # (one strip, every key)
-                    p = kept[h0:h1]
-                else:
-                    p = np.matmul(qs, ks.transpose(0, 2, 1))
-                    PROBS_AGAIN[serial](p, sc, i0, off, causal, lse[h0:h1, i0:i1])
-                gv[h0:h1, :n] += np.matmul(p.transpose(0, 2, 1), gs)
-                dp = np.matmul(gs, vs.transpose(0, 2, 1))
-                if kept is not None:
-                    np.einsum("hij,hij->hi", p, dp, out=d[h0:h1, i0:i1])
-                DSCORES[serial](p, dp, d[h0:h1, i0:i1], sc)
-                np.matmul(dp, ks, out=gq[h0:h1, i0:i1])
-                gk[h0:h1, :n] += np.matmul(dp.transpose(0, 2, 1), qs)
+                strip_backward(
+                    *(q3[h0:h1], k3[h0:h1], v3[h0:h1], g3[h0:h1]),
+                    *(gq[h0:h1], gk[h0:h1], gv[h0:h1], hd, None if lse is None else lse[h0:h1]),
+                    *(hk, i0, i1, sc, off, causal, serial),
+                )
 
         _by_heads(heads, BH, BH * L * S)
         return gq.reshape(q.shape), gk.reshape(k.shape), gv.reshape(v.shape), None

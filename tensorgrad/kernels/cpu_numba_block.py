@@ -1,13 +1,13 @@
 """The compiled passes of the fused GPT-2 block (``cpu_gpt2_block``): one pass over the rows
 for each of LayerNorm (optionally after the residual add and a bias), bias + GELU (tanh or
-exact: cpu_numba's scalar forms, inlined), and their backwards with the bias / LayerNorm
+exact: the scalar forms of formulas.py, inlined), and their backwards with the bias / LayerNorm
 parameter gradients summed on the way.
 
 All take (N, C) float32 C-contiguous arrays (N = B·T rows). Column sums (bias and
 LayerNorm-parameter gradients) go into ``parts`` (P, C) partial sums, one per block of
 rows, summed by the caller: a fixed P, so the sums are the same on any thread count.
 
-Imports: numba, numpy, .cpu_numba, .numba_math.
+Imports: numba, numpy, .formulas, .numba_math.
 """
 
 from __future__ import annotations
@@ -15,22 +15,21 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .cpu_numba import FM, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
-from .numba_math import exp32_in_place, jit, rdot, rdot2dev, rsqdev, rsum
+from .formulas import (
+    FM,
+    gelu_erf,
+    gelu_erf_grad,
+    gelu_tanh,
+    gelu_tanh_grad,
+    ln_row,
+    ln_row_grad,
+    max_shift,
+    normalize,
+    softmax_grad_in_place,
+)
+from .numba_math import exp32_in_place, jit, rdot
 
 F32 = np.float32
-
-
-@jit(fastmath=FM, inline="always")  # (a call per row cost more than the row: 9.5 -> 6.8 µs)
-def ln_row(xi, w, b, eps, yi):
-    """yi = LayerNorm(xi)·w + b for one row; returns (mean, 1/std)."""
-    c = xi.size
-    mean = F32(rsum(xi) / c)  # float32 (an int divisor promotes: float64 loops, half as wide)
-    var = rsqdev(xi, mean)  # two passes over a row in L1: no cancellation in E[x²] - E[x]²
-    r = F32(1) / np.sqrt(var / F32(c) + eps)
-    for j in range(c):
-        yi[j] = (xi[j] - mean) * r * w[j] + b[j]
-    return mean, r
 
 
 @jit(parallel=True, fastmath=FM)
@@ -65,7 +64,7 @@ def residual_bias_add(out, x, bias):
 @jit(parallel=True, fastmath=FM)
 def bias_gelu_fwd(f, bias, out, erf):
     """f += bias in place (f then holds GELU's input), out = GELU(f): the exact form where
-    ``erf``, else the tanh form as x·σ(2u) (cpu_numba.gelu_erf, gelu_tanh)."""
+    ``erf``, else the tanh form as x·σ(2u) (formulas.gelu_erf, gelu_tanh)."""
     n, c = f.shape
     for i in prange(n):
         fi, oi = f[i], out[i]
@@ -115,20 +114,11 @@ def ln_bwd_residual(dy, x, w, mean, rstd, dx, gw_parts, gb_parts):
     in place through one array, as residual_ln_fwd); gw_parts / gb_parts[p] += Σ dy·x̂ and
     Σ dy over block p's rows. (With a separate residual input that may alias dx the loop
     ran scalar: 24.6 against 10.0 µs on gpt-nano's rows.)"""
-    n, c = x.shape
+    n = x.shape[0]
     P = gw_parts.shape[0]
     for p in prange(P):
-        gwp, gbp = gw_parts[p], gb_parts[p]
         for i in range(p * n // P, (p + 1) * n // P):
-            xi, gi, di, m, r = x[i], dy[i], dx[i], mean[i], rstd[i]
-            s1, s2 = rdot2dev(gi, w, xi, m)  # Σ ĝ and Σ ĝ·(x - mean), ĝ = dy·w
-            a = F32(s1 / c)
-            k = F32(s2 * r / c)  # mean(ĝ·x̂)
-            for j in range(c):
-                xh = (xi[j] - m) * r
-                di[j] += (gi[j] * w[j] - a - xh * k) * r
-                gwp[j] += gi[j] * xh
-                gbp[j] += gi[j]
+            ln_row_grad(dy[i], x[i], w, mean[i], rstd[i], dx[i], gw_parts[p], gb_parts[p], True)
 
 
 # ----------------------------------------------------------------------------- short attention
@@ -162,23 +152,18 @@ def short_attention_fwd(qkv, y, probs, T, nh, hs, scale):
             qo, ko = h * hs, C + h * hs
             for i in range(T):
                 qi, row = qkv[r0 + i, qo : qo + hs], s[base + i * T : base + (i + 1) * T]
-                m = F32(-np.inf)
                 for j in range(i + 1):
                     row[j] = rdot(qi, qkv[r0 + j, ko : ko + hs]) * scale
-                    m = max(m, row[j])
-                for j in range(i + 1):
-                    row[j] -= m
+                max_shift(row, i + 1)
                 for j in range(i + 1, T):
                     row[j] = -np.inf
-        exp32_in_place(s)
+        exp32_in_place(s)  # (softmax's exp, over the whole block: see above)
         for bh in range(b0, b1):  # normalise each row, then y_i = Σ_j p_ij·v_j
             h, r0, base = bh % nh, (bh // nh) * T, (bh - b0) * T * T
             qo, vo = h * hs, 2 * C + h * hs
             for i in range(T):
                 row = s[base + i * T : base + i * T + i + 1]
-                inv = F32(1) / rsum(row)
-                for j in range(i + 1):
-                    row[j] *= inv
+                normalize(row, i + 1)
                 yi, v0 = y[r0 + i, qo : qo + hs], qkv[r0, vo : vo + hs]
                 for d in range(hs):
                     yi[d] = row[0] * v0[d]
@@ -197,16 +182,19 @@ def short_attention_bwd(qkv, y, g, probs, T, nh, hs, scale, dqkv):
     for bh in prange(probs.shape[0]):
         h, r0, p = bh % nh, (bh // nh) * T, probs[bh]
         qo, ko, vo = h * hs, C + h * hs, 2 * C + h * hs
+        ds = np.empty(T, probs.dtype)
         for i in range(T):
             r = r0 + i
             gi, qi, gq = g[r, qo : qo + hs], qkv[r, qo : qo + hs], dqkv[r, qo : qo + hs]
-            D = rdot(gi, y[r, qo : qo + hs])  # rowsum(g·o)
+            pi = p[i * T : i * T + i + 1]
+            for j in range(i + 1):  # ∂p_ij = g_i·v_j, then softmax's backward (scaled)
+                ds[j] = rdot(gi, qkv[r0 + j, vo : vo + hs])
+            softmax_grad_in_place(ds[: i + 1], pi, rdot(gi, y[r, qo : qo + hs]), scale)
             for j in range(i + 1):
-                pij = p[i * T + j]
-                vj, kj = qkv[r0 + j, vo : vo + hs], qkv[r0 + j, ko : ko + hs]
+                pij, dsj = pi[j], ds[j]
+                kj = qkv[r0 + j, ko : ko + hs]
                 gkj, gvj = dqkv[r0 + j, ko : ko + hs], dqkv[r0 + j, vo : vo + hs]
-                ds = pij * (rdot(gi, vj) - D) * scale
                 for d in range(hs):
                     gvj[d] += pij * gi[d]
-                    gq[d] += ds * kj[d]
-                    gkj[d] += ds * qi[d]
+                    gq[d] += dsj * kj[d]
+                    gkj[d] += dsj * qi[d]

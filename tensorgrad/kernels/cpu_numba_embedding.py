@@ -2,7 +2,7 @@
 each row of the gradient added at its id in one loop. ``tests/test_kernels.py`` checks it
 against ``ops.nn.Embedding``.
 
-Imports: numpy, .cpu_numba, .numba_math, .register, ..ops.
+Imports: numpy, .cpu_numba, .formulas, .numba_math, .on_cpu, .register, ..ops.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.nn import Embedding, embedding_range_error, without_padding_row
-from . import register
-from .cpu_numba import FLOATS, FM, contiguous
+from . import on_cpu, register
+from .cpu_numba import FLOATS, contiguous
+from .formulas import FM
 from .numba_math import jit
 
 
@@ -38,6 +39,8 @@ def _embedding_bwd(ids, g, gw):
     "embedding",
     "cpu",
     name="cpu.numba.embedding",
+    priority=20,
+    takes="float32 or float64 (V, C) weight, NumPy integer ids",
     when=lambda w, idx, **kw: _f32_or_64(w) and w.ndim == 2 and _int_array(idx),
 )
 class NumbaEmbedding(Embedding):
@@ -64,8 +67,8 @@ class NumbaEmbedding(Embedding):
 
 
 def _f32_or_64(a) -> bool:
-    return type(a) is np.ndarray and a.dtype in FLOATS and a.flags.c_contiguous
+    return on_cpu(a) and a.dtype in FLOATS and a.flags.c_contiguous
 
 
 def _int_array(a) -> bool:
-    return type(a) is np.ndarray and a.dtype.kind in "iu" and a.dtype.itemsize <= 8
+    return on_cpu(a) and a.dtype.kind in "iu" and a.dtype.itemsize <= 8

@@ -33,18 +33,20 @@ therefore written here as explicit vector code (:func:`_lanes`), since LLVM vect
 plain loop's sum only where it may reassociate it. tests/test_cache_identity.py compares
 every kernel's bits compiled and cached.
 
-Imports: llvmlite, math, numba, numpy.
+Imports: hashlib, llvmlite, math, numba, numpy, pathlib.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 
 @intrinsic
@@ -94,6 +96,8 @@ def jit(cache: bool = True, **options):
 
     def made(fn):
         dispatcher = make(fn)
+        if cache:
+            _stamp_with_sources(dispatcher)
         DISPATCHERS.append((dispatcher, cache))
         return dispatcher
 
@@ -101,6 +105,29 @@ def jit(cache: bool = True, **options):
 
 
 DISPATCHERS: list = []  # (dispatcher, cached on disk) of every kernel jit made
+
+
+def sources_digest() -> str:
+    """A digest of every file whose code a cached kernel may hold: the modules of
+    tensorgrad/kernels (formulas.py's and this module's functions are inlined into their
+    callers) and ops/nn.py (constants formulas.py reads)."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in [*sorted(here.glob("*.py")), here.parent / "ops" / "nn.py"]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:20]
+
+
+SOURCES = sources_digest()
+
+
+def _stamp_with_sources(dispatcher) -> None:
+    """Make the kernel's cache entry stale when any file it may inline changes. numba checks a
+    cached kernel against its own file only (modification time and size), so an edit to
+    formulas.py would leave every kernel that inlines it running the old formula from the
+    cache; the stamp it compares now carries :data:`SOURCES` too."""
+    cache_file = dispatcher._cache._cache_file  # (numba's own: set when the cache is made)
+    cache_file._source_stamp = (cache_file._source_stamp, SOURCES)
 
 
 def counts() -> dict:
@@ -197,6 +224,88 @@ def exp32_nonpos_array(x, out):
     """out = exp32_nonpos(x) elementwise (for tests)."""
     for i in range(x.size):
         out[i] = exp32_nonpos(x[i])
+
+
+# ----------------------------------------------------------------------------- any float
+# The formulas (kernels/formulas.py) are written once for float32 and float64: ``like(k, x)``
+# is the number k in x's type (a bare literal would make numba compute float32 in float64),
+# ``exp_of``, ``exp_nonpos_of`` and ``erfc_of`` the float32 forms above or libm's for float64. Each resolves at
+# compile time, per type.
+
+
+def like(k, x):
+    """k as x's float type (inside jitted code)."""
+    return type(x)(k)
+
+
+def exp_of(x):
+    """e^x: exp32 for a float32, libm's exp for a float64 (inside jitted code)."""
+    return math.exp(x)
+
+
+def exp_nonpos_of(x):
+    """e^x for x <= 0: exp32_nonpos for a float32, libm's exp for a float64."""
+    return math.exp(x)
+
+
+def erfc_of(z):
+    """erfc(z) for z >= 0: a float32 fit (below) for a float32, libm's for a float64."""
+    return math.erfc(z)
+
+
+# erfc(z) = t·exp(-z² + poly(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit, about
+# 1e-7 relative error (exact in the tail): float32's erfc, vectorisable with exp32
+_ERFC = tuple(
+    F32(c)
+    for c in (
+        -1.26551223,
+        1.00002368,
+        0.37409196,
+        0.09678418,
+        -0.18628806,
+        0.27886807,
+        -1.13520398,
+        1.48851587,
+        -0.82215223,
+        0.17087277,
+    )
+)
+
+
+@jit(inline="always", fastmath={"contract"})
+def erfc32(z):
+    t = F32(1) / (F32(1) + F32(0.5) * z)
+    p = _ERFC[9]
+    for k in range(8, -1, -1):
+        p = p * t + _ERFC[k]
+    return t * exp32(p - z * z)
+
+
+@overload(like, inline="always")
+def _like(k, x):
+    t = np.float32 if x == types.float32 else np.float64
+    return lambda k, x: t(k)
+
+
+@overload(exp_of)
+def _exp_of(x):
+    if x == types.float32:
+        return lambda x: exp32(x)
+    return lambda x: math.exp(x)
+
+
+@overload(exp_nonpos_of, inline="always")
+def _exp_nonpos_of(x):
+    if x == types.float32:
+        return lambda x: exp32_nonpos(x)
+    return lambda x: math.exp(x)
+
+
+@overload(erfc_of, inline="always")
+def _erfc_of(z):
+    if z == types.float32:
+        return lambda z: erfc32(z)
+    return lambda z: math.erfc(z)
 
 
 _SIGNLESS = np.int32(0x7FFFFFFF)

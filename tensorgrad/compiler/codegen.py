@@ -1,27 +1,20 @@
-"""Fuse: runs of elementwise ops in a traced graph become one generated numba kernel.
+"""Code generation: a fused run (schedule.py's ``Run``) as two numba kernels, each way one.
 
-A run of two or more elementwise steps of one output shape (bias adds, GELU/ReLU/SiLU parts,
-tanh, exp, powers, scales, residual adds) makes one forward kernel, a single pass over memory
-(``prange``, on the threads the CPU kernels use: ``TG_KERNEL_THREADS``), and one backward
-kernel. The backward recomputes the run's
-values from its inputs and walks the run in reverse; its derivatives come from ``RULES``,
-one table of scalar rules (as tinygrad keeps its rules in one table). An input of the run is
-a whole array of the output's shape, a trailing broadcast (a bias of shape (C,) against
-(B, T, C): read at ``i % C``, its gradient summed over the rest), one value per row (a
-keepdim reduction's (B, T, 1), as RMSNorm's x·rsqrt(mean(x²) + eps): read once per row,
-its gradient summed over the row), or a Python scalar.
+``RULES`` is one table of scalar rules (as tinygrad keeps its rules in one table): per op, its
+forward and its derivative for each input, on scalars. ``kernel_class`` writes a run's
+forward kernel, a single pass over memory (``prange``, on the threads the CPU kernels use:
+``TG_KERNEL_THREADS``), and its backward kernel, which recomputes the run's values from its
+inputs and walks the run in reverse through the rules; it compiles both with numba and
+returns a ``FusedElementwise`` subclass (fused_op.py) that runs them.
 
-A run may also hold one reduction: a Sum or Mean over the last axis with keepdim=True, the
-steps on its (B, T, 1) value, and the steps after it that read that value per row. That is a
-row program (``_Source``): RMSNorm as written, ``x * (x.pow(2).mean(-1, keepdim=True) +
-eps).rsqrt() * w``, with the residual add before it, is one kernel each way, a few passes
-over each row while the row is in cache.
+How each input of a run is read against the run's shape (``read_kind``): a whole array of
+that shape, a trailing broadcast (a bias of shape (C,) against (B, T, C): read at ``i % C``,
+its gradient summed over the rest), one value per row (a keepdim reduction's (B, T, 1), as
+RMSNorm's x·rsqrt(mean(x²) + eps): read once per row, its gradient summed over the row), or a
+Python scalar. A run that holds a last-axis reduction is a row program (``_Source``): a few
+passes over each row while the row is in cache.
 
-The pattern is the graph's, never a module's type: any forward whose ops form such a run is
-fused, edited or not. Without numba, or with ``TG_KERNELS=0``, nothing is fused and the
-traced ops replay as they are.
-
-Imports: math, numpy, .patterns, .trace, ..autograd, ..kernels.
+Imports: math, numpy, .fused_op, .trace.
 """
 
 from __future__ import annotations
@@ -30,13 +23,8 @@ import math
 
 import numpy as np
 
-from .. import kernels
-from ..autograd.graph import Op
-from .patterns import match_composites
+from .fused_op import FusedElementwise
 from .trace import Graph, Step
-
-S2PI, GC = math.sqrt(2.0 / math.pi), 0.044715  # the tanh GELU's constants (ops/nn.py)
-R2, R2PI = 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)  # the erf GELU's
 
 # op: (forward, (derivative for input a, for input b)), on scalars: a, b the inputs, y the
 # output, g the gradient arriving at y. Pow fuses only with a number as its exponent. In the
@@ -55,66 +43,26 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Tanh": ("np.tanh(a)", ("g * (1 - y * y)",)),
     "Sigmoid": ("1 / (1 + exp(-a))", ("g * y * (1 - y)",)),
     "Relu": ("max(a, 0)", ("g * (a > 0)",)),
-    # the tanh GELU as a·σ(2u), u = √(2/π)(a + 0.044715a³), as the CPU kernel computes it:
-    # σ through e = e^(-2u), capped (no inf·0); its derivative σ + 2a·e·σ²·u'
-    "Gelu": (
-        f"a / (1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80)))",
-        (
-            f"g * (1 / (1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80))) + 2 * a * "
-            f"exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80)) / "
-            f"(1 + exp(min(-2 * {S2PI!r} * (a + {GC!r} * a * a * a), 80))) ** 2 * "
-            f"{S2PI!r} * (1 + {3 * GC!r} * a * a))",
-        ),
-    ),
-    "Gelu:none": (
-        f"0.5 * a * (1 + math.erf(a * {R2!r}))",
-        (f"g * (0.5 * (1 + math.erf(a * {R2!r})) + a * exp(-0.5 * a * a) * {R2PI!r})",),
-    ),
+    # GELU is kernels/formulas.py's (both forms, the derivative with one exp or one Φ): the
+    # statement every CPU kernel inlines, not a second one here
+    "Gelu": ("gelu_tanh(a)", ("g * gelu_tanh_deriv(a)",)),
+    "Gelu:none": ("gelu_erf(a)", ("g * gelu_erf_deriv(a)",)),
 }
 PARALLEL_FROM = 1 << 15  # elements: below this the threads cost more than they save
 
 
-def plan(graph: Graph, fold=None) -> list:
-    """The steps replay runs: composites as their kernels, then elementwise runs fused
-    (``fold``: patterns.Fold, the values known now, a mask read from a buffer)."""
-    steps = list(graph.steps)
-    if not kernels.is_enabled() or graph.device != "cpu":
-        return steps
-    steps = match_composites(graph, steps, fold=fold)
-    return fuse_runs(graph, steps) if _have_numba() else steps
-
-
-def _have_numba() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _rule(st: Step) -> str:
-    """The step's entry in RULES (the GELU's by its form)."""
-    name = st.cls.__name__
+def rule_name(st: Step) -> str:
+    """The step's entry in RULES (the GELU's by its form); "" for a step with no reference Op
+    (a composite whose kernel is the whole op), which no rule computes."""
+    if st.ref is None:
+        return ""
+    name = st.ref.__name__
     if name == "Gelu" and st.kwargs.get("approximate", ("c", "tanh"))[1] == "none":
         return "Gelu:none"
     return name
 
 
-def _fusable(graph: Graph, st: Step) -> bool:
-    name = _rule(st)
-    if name not in RULES or st.impl.multi_output or len(st.outs) != 1:
-        return False
-    if name == "Gelu" and st.kwargs.get("approximate", ("c", "tanh"))[1] != "tanh":
-        return False
-    if name == "Pow" and not (st.ins[1][0] == "c" and isinstance(st.ins[1][1], (int, float))):
-        return False
-    shape, dtype = st.meta[0]
-    if dtype not in (np.float32, np.float64) or any(k != "approximate" for k in st.kwargs):
-        return False
-    return all(_kind(graph, ref, shape) is not None for ref in st.ins)
-
-
-def _kind(graph: Graph, ref, shape):
+def read_kind(graph: Graph, ref, shape):
     """How input ``ref`` is read against the output ``shape``: ("full",), ("tail", m): a
     trailing broadcast, read at i % m; ("lead", m): one value per row of the last m
     elements (a keepdim reduction's (B, T, 1) against (B, T, C)), read at i // m;
@@ -140,135 +88,6 @@ def _kind(graph: Graph, ref, shape):
     return None
 
 
-def _last_reads(graph: Graph, steps: list) -> dict:
-    """slot -> index of the last step that reads it (len(steps) for the graph's outputs)."""
-    last = {}
-    for k, st in enumerate(steps):
-        for kind, v in list(st.ins) + list(st.kwargs.values()):
-            if kind == "v":
-                last[v] = k
-    for s in graph.output_slots():
-        last[s] = len(steps)
-    return last
-
-
-def fuse_runs(graph: Graph, steps: list) -> list:
-    """``steps`` with each run of two or more elementwise steps (and at most one row
-    reduction among them) as one generated kernel."""
-    used_after = _last_reads(graph, steps)
-    out, run = [], Run()
-    for k, st in enumerate(steps):
-        level = run.level(graph, st)
-        if level is None and run.steps:  # the run ends here; st may start the next one
-            out += _close(graph, run, used_after)
-            run = Run()
-            level = run.level(graph, st)
-        if level is None:
-            out.append(st)
-        else:
-            run.add(graph, k, st, level)
-    return out + _close(graph, run, used_after)
-
-
-def _reduces_rows(graph: Graph, st: Step) -> bool:
-    """A Sum or Mean over the last axis with keepdim=True, of a float array whose rows hold
-    more than one element: a row program's one reduction."""
-    if st.cls.__name__ not in ("Sum", "Mean") or st.impl.multi_output or len(st.outs) != 1:
-        return False
-    if set(st.kwargs) - {"dim", "keepdim"} or st.ins[0][0] != "v":
-        return False
-    dim = st.kwargs.get("dim", ("c", None))[1]
-    if isinstance(dim, (tuple, list)) and len(dim) == 1:
-        dim = dim[0]
-    shape, dtype = graph.meta[st.ins[0][1]]
-    shape = tuple(shape)
-    return (
-        st.kwargs.get("keepdim", ("c", False))[1] is True
-        and isinstance(dim, int)
-        and not isinstance(dim, bool)
-        and len(shape) >= 1
-        and shape[-1] > 1
-        and dim in (-1, len(shape) - 1)
-        and dtype in (np.float32, np.float64)
-        and tuple(st.meta[0][0]) == _row_shape(shape)
-    )
-
-
-def _row_shape(shape) -> tuple:
-    return (*tuple(shape)[:-1], 1)
-
-
-class Run:
-    """The steps of one fused kernel as they are collected: elementwise steps of one shape
-    (the elements), and optionally one last-axis reduction followed by elementwise steps on
-    its (rows, 1) shape (the rows), whose values the element steps after it read per row."""
-
-    def __init__(self):
-        self.steps: list = []  # (level, index, step): level "e" (elements), "r" (rows), "red"
-        self.shape = self.dtype = None
-        self.rows: set = set()  # slots of the run's row values
-
-    def level(self, graph: Graph, st: Step) -> str | None:
-        """Where st would join the run: "red" (its reduction), "e" (a step on the elements),
-        "r" (a step on the rows, after the reduction, reading row values and numbers only),
-        or None (it cannot)."""
-        if _reduces_rows(graph, st):
-            shape, dtype = graph.meta[st.ins[0][1]]
-            if self.rows or (
-                self.shape is not None and (tuple(shape), dtype) != (self.shape, self.dtype)
-            ):
-                return None
-            return "red"
-        if not _fusable(graph, st):
-            return None
-        shape, dtype = tuple(st.meta[0][0]), st.meta[0][1]
-        if self.shape is None or (shape, dtype) == (self.shape, self.dtype):
-            return "e"
-        on_rows = (
-            bool(self.rows)
-            and (shape, dtype) == (_row_shape(self.shape), self.dtype)
-            and all(
-                _kind(graph, r, shape) == ("scalar",)
-                if r[0] == "c"
-                else tuple(graph.meta[r[1]][0]) == shape
-                for r in st.ins
-            )
-        )
-        return "r" if on_rows else None
-
-    def add(self, graph: Graph, k: int, st: Step, level: str) -> None:
-        if self.shape is None:  # the run's elements: a reduction's input, else st's output
-            shape, self.dtype = graph.meta[st.ins[0][1]] if level == "red" else st.meta[0]
-            self.shape = tuple(shape)
-        self.steps.append((level, k, st))
-        if level != "e":
-            self.rows.add(st.outs[0])
-
-
-def _close(graph: Graph, run: Run, used_after: dict) -> list:
-    """The steps of a finished run: as they were when too short, else one fused step."""
-    steps = [st for _, _, st in run.steps]
-    if len(steps) < 2:
-        return steps
-    end = run.steps[-1][1]
-    made = {st.outs[0] for st in steps}
-    outs = [st.outs[0] for st in steps if used_after.get(st.outs[0], -1) > end]
-    ins, seen = [], {}
-    for st in steps:
-        for ref in st.ins:
-            key = (ref[0], ref[1] if ref[0] == "v" else id(ref[1]))
-            if ref[0] == "v" and ref[1] in made:
-                continue
-            if key not in seen:
-                seen[key] = len(ins)
-                ins.append(ref)
-    impl = _kernel_class(run, ins, outs, graph)
-    needs = tuple(ref[0] == "v" and graph.needs_grad[ref[1]] for ref in ins)
-    meta = [graph.meta[s] for s in outs]
-    return [Step(impl, impl, ins, {}, outs, needs, meta)]
-
-
-# ----------------------------------------------------------------------------- code generation
 PARTS = 16  # row blocks of a broadcast input's gradient sums: a fixed number, so that the sums
 # are the same on any thread count (as the CPU kernels' column sums)
 
@@ -284,12 +103,15 @@ class _Source:
     after it. Its backward, per row: the same passes again (values are recomputed, never
     stored), then a pass that sums over the row the gradient reaching each row value from
     the steps after the reduction, the row steps' rules in reverse, and a last pass through
-    every element step in reverse, where the reduction hands each element its share."""
+    every element step in reverse, where the reduction hands each element its share.
 
-    def __init__(self, run: Run, ins: list, outs: list, graph: Graph):
+    ``run``: a schedule.Run (its shape, dtype and (level, index, step) entries); ``ins`` and
+    ``outs``: the refs the fused step reads and the slots it writes."""
+
+    def __init__(self, run, ins: list, outs: list, graph: Graph):
         self.graph, self.ins, self.outs = graph, ins, outs
         self.C = run.shape[-1] if run.shape else 1
-        self.kinds = [_kind(graph, ref, run.shape) for ref in ins]
+        self.kinds = [read_kind(graph, ref, run.shape) for ref in ins]
         self.red = next((st for lv, _, st in run.steps if lv == "red"), None)
         self.flat = self.red is None and all(k[0] in ("full", "scalar") for k in self.kinds)
         self.names, self.level = {}, {}  # slot -> variable; slot -> "e" (element) / "r" (row)
@@ -369,7 +191,7 @@ class _Source:
         lines = []
         for st in steps:
             if st is not self.red:
-                fwd = RULES[_rule(st)][0]
+                fwd = RULES[rule_name(st)][0]
                 lines.append(
                     f"v{st.outs[0]} = " + _subst(fwd, [self.arg(r) for r in st.ins], None, None)
                 )
@@ -377,7 +199,7 @@ class _Source:
 
     def row_sum(self, stores=()) -> list:
         """The pass that sums the reduction's input over the row, then the row's values."""
-        red, mean = self.red.outs[0], self.red.cls.__name__ == "Mean"
+        red, mean = self.red.outs[0], self.red.ref.__name__ == "Mean"
         body = [*self.loads(), *self.exprs(self.before), f"acc += {self.arg(self.red.ins[0])}"]
         value = f"acc / F({float(self.C)!r})" if mean else "acc"
         return ["acc = F(0)", *_loop(body + list(stores)), f"v{red} = {value}"] + self.exprs(
@@ -426,7 +248,7 @@ class _Source:
             y = st.outs[0]
             if y not in declared:
                 continue  # no gradient reaches it
-            for r, rule in zip(st.ins, RULES[_rule(st)][1]):
+            for r, rule in zip(st.ins, RULES[rule_name(st)][1]):
                 if r[0] != "v" or not rule or not self.graph.needs_grad[r[1]]:
                     continue
                 term = _subst(rule, [self.arg(x) for x in st.ins], self.names[y], f"g{y}")
@@ -487,7 +309,7 @@ class _Source:
             body += self.back(self.row_steps, rowdecl, "", set())
             red = self.red.outs[0]
             if red in rowdecl:
-                mean = self.red.cls.__name__ == "Mean"
+                mean = self.red.ref.__name__ == "Mean"
                 body.append(f"gr = g{red} / F({float(self.C)!r})" if mean else f"gr = g{red}")
         # every element step in reverse; the inputs read once per row sum their gradient
         leads = [j for j in self.wanted if kinds[j] in ("row", "rows")]
@@ -508,8 +330,9 @@ def _loop(body: list) -> list:
     return ["for c in range(C):"] + ["    " + line for line in body]
 
 
-def _kernel_class(run: Run, ins: list, outs: list, graph: Graph) -> type:
-    """An Op class whose forward and backward run the generated kernels of ``run``."""
+def kernel_class(run, ins: list, outs: list, graph: Graph) -> type:
+    """A FusedElementwise subclass whose forward and backward run the generated kernels of
+    ``run`` (a schedule.Run), reading ``ins`` and writing the slots ``outs``."""
     src = _Source(run, ins, outs, graph)
     shape, dtype = run.shape, run.dtype
     n = int(np.prod(shape, dtype=np.int64))
@@ -521,7 +344,7 @@ def _kernel_class(run: Run, ins: list, outs: list, graph: Graph) -> type:
     # lets it vectorise
     fwd_fn = _compile(fwd_src, n, dtype, src.red is not None)
     bwd_fn = _compile(bwd_src, n, dtype, sums)
-    label = "+".join(st.cls.__name__.lower() for _, _, st in run.steps)
+    label = "+".join(st.ref.__name__.lower() for _, _, st in run.steps)
     return type(
         f"Fused[{label}]",
         (FusedElementwise,),
@@ -565,73 +388,16 @@ def _function(name: str, params: list, body: list, loop: str) -> str:
 def _compile(src: str, n: int, dtype, reassoc: bool):
     import numba
 
+    from ..kernels import formulas
     from ..kernels.numba_math import exp32, jit
 
     f32 = np.dtype(dtype) == np.float32
     scope = {"np": np, "math": math, "prange": numba.prange}
     scope.update(F=np.float32 if f32 else np.float64, exp=exp32 if f32 else np.exp)
+    for name in ("gelu_tanh", "gelu_tanh_deriv", "gelu_erf", "gelu_erf_deriv"):
+        scope[name] = getattr(formulas, name)
     exec(src, scope)  # noqa: S102  (the source is generated above from RULES, not user input)
     fn = next(v for k, v in scope.items() if k in ("forward", "backward"))
     # NumPy's error model, as the CPU kernels: IEEE division, and loops that vectorise
     flags = {"contract", "reassoc"} if reassoc else {"contract"}
     return jit(cache=False, parallel=n >= PARALLEL_FROM, fastmath=flags)(fn)
-
-
-class FusedElementwise(Op):
-    """One fused run: forward and backward by generated kernels over the flattened arrays."""
-
-    multi_output = True
-    kinds: list = []
-    shape: tuple = ()
-    rows_shape: tuple = (0, 1, 0)  # R rows of C, P blocks of rows
-    out_rows: list = []  # per output: whether it holds one value per row
-    wanted: list = []
-    grad_kinds: list = []
-
-    def forward(self, *inputs):
-        self.inputs = inputs  # the backward recomputes the run's values from them
-        arrays = [_flat(a) for a, k in zip(inputs, self.kinds) if k[0] != "scalar"]
-        dtype = next(a.dtype for a in arrays)
-        R, C, _ = self.rows_shape
-        outs = [np.empty(R if row else R * C, dtype) for row in self.out_rows]
-        with _threads(R * C):
-            self.kernel_forward(R, C, *arrays, *outs)
-        return tuple(
-            o.reshape((*self.shape[:-1], 1) if row else self.shape)
-            for o, row in zip(outs, self.out_rows)
-        )
-
-    def backward(self, *gys):
-        inputs = self.inputs
-        arrays = [_flat(a) for a, k in zip(inputs, self.kinds) if k[0] != "scalar"]
-        R, C, P = self.rows_shape
-        dtype = gys[0].dtype
-        gs = [_flat(g) for g in gys]
-        sizes = {"full": R * C, "tail": R * C, "row": R, "rows": R}
-        gx = [
-            np.zeros((P, C), dtype) if k == "parts" else np.empty(sizes[k], dtype)
-            for k in self.grad_kinds
-        ]
-        with _threads(R * C):
-            self.kernel_backward(R, C, P, *arrays, *gs, *gx)
-        out = [None] * len(inputs)
-        for j, k, g in zip(self.wanted, self.grad_kinds, gx):
-            if k == "parts":
-                g = g.sum(0)
-            elif k == "tail":
-                g = g.reshape(-1, self.kinds[j][1]).sum(0)
-            elif k == "rows":
-                g = g.reshape(-1, self.kinds[j][1] // C).sum(1)
-            out[j] = g.reshape(np.shape(inputs[j]))
-        return tuple(out)
-
-
-def _threads(n: int):
-    """The CPU kernels' thread policy (kernels.cpu_numba.threads_for: TG_KERNEL_THREADS)."""
-    from ..kernels.cpu_numba import threads_for
-
-    return threads_for(n)
-
-
-def _flat(a):
-    return np.ascontiguousarray(a).reshape(-1)
