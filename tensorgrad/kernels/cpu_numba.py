@@ -152,7 +152,11 @@ def contiguous(a):
 # ----------------------------------------------------------------------------- softmax family
 
 
-# Each kernel runs the row formula of kernels/formulas.py over the rows, in parallel.
+# Each kernel runs the row formula of kernels/formulas.py over the rows, in parallel. The
+# softmax formulas work in place (the attention's scores become its probabilities, and an
+# output that may alias its input keeps LLVM's loop scalar), so these copy each row first,
+# in L1: forward + backward of a (384, 256) softmax on one thread took 49 + 16 µs with its
+# own out-of-place loops, 53 + 20 µs through the shared formula (family 25 model 17, Zen 4).
 
 
 @jit(parallel=True, fastmath=FM)
