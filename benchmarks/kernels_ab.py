@@ -151,7 +151,9 @@ def main(argv=None) -> int:
     hp = {"lr": 1e-3, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "wd": 0.1, "step": 3}
     updates = {"reference": adamw_update, "chunked": C.chunked_adamw_update}
     if K:
-        updates["numba"] = K.numba_adamw_update
+        from tensorgrad.kernels.cpu_numba_adamw import numba_adamw_update
+
+        updates["numba"] = numba_adamw_update
     for n in threads:
         with threadpool_limits(limits=n):
             if numba:

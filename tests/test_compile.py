@@ -445,6 +445,33 @@ def test_each_fusion_rule_matches_its_reference_op(rule, n):
     not tg.kernels.is_enabled(),
     reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
 )
+def test_the_fused_gelu_in_the_far_tails_is_the_reference():
+    """Far in GELU's negative tail e^(-2u) is inf: the fused kernel (formulas.gelu_tanh, as
+    every CPU kernel) gives -0 and a zero gradient there, as the ops do. With e^(-2u) capped
+    at e^80 it gave x·1.8e-35: -1.8e65 at x = -1e100, float64."""
+    pytest.importorskip("numba", reason="numba is not installed: pip install numba")
+
+    def run_(x, b):
+        return F.gelu(x + b, approximate="tanh") * 1.5
+
+    f = tg.compile(run_)
+    tails = np.array([-1e100, -1e13, -50.0, -10.0, 0.0, 10.0, 1e13, 1e100])
+    b = tg.zeros(8, dtype=tg.float64, requires_grad=True)
+    for _ in range(3):
+        x = tg.tensor(tails, requires_grad=True)
+        got = [f(x, b), *tg.autograd.grad(f(x, b).sum(), [x, b])]
+        want = [run_(x, b), *tg.autograd.grad(run_(x, b).sum(), [x, b])]
+        for a, c in zip(got, want):
+            np.testing.assert_allclose(
+                a.detach().numpy(), c.detach().numpy(), rtol=1e-10, atol=1e-30
+            )
+    assert fused_names(f)[0].startswith("Fused[add+gelu")
+
+
+@pytest.mark.skipif(
+    not tg.kernels.is_enabled(),
+    reason="TG_KERNELS=0: nothing is fused (unset TG_KERNELS to run it)",
+)
 def test_a_long_chain_is_one_kernel_and_keeps_float32():
     pytest.importorskip("numba", reason="numba is not installed: pip install numba")
 

@@ -467,6 +467,9 @@ def test_which_answers_from_shapes_dtypes_and_layouts_alone(dtype, monkeypatch):
     )
     with kernels.reference_only():
         assert kernels.which("softmax", x, dim=-1) == "reference"
+    # the device is the first argument's, as Op.apply takes it
+    on_gpu = kernels.Spec((4, 8), device="cuda")
+    assert kernels.which("softmax", on_gpu, dim=-1) == "cuda.softmax"
 
 
 def test_priority_decides_not_the_order_of_registration(monkeypatch):

@@ -397,8 +397,14 @@ def test_gelu(x, approximate):
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 def test_gelu_extremes(approximate):
+    """Far out in the negative tail GELU is -0 with gradient 0 (while e^(-2u) was capped at
+    e^80, the tanh form gave x·1.8e-35, a gradient of -3864 at -1e13); where x³ overflows the
+    reference still has them, and 1 at +1e13."""
     x = np.array([[0, -0.0, 1e-8, -1e-8, 30, -30, 1e4, -1e4, 5, -5]], np.float32)
+    tails = np.array([[-1e13, -1e6, -100, -40, -10, 1e13]], np.float32)
     check("gelu", R.Gelu, K.NumbaGelu, [x], {"approximate": approximate})
+    with np.errstate(over="ignore"):  # (the reference's float32 run: x³ overflows to inf)
+        check("gelu", R.Gelu, K.NumbaGelu, [tails], {"approximate": approximate})
 
 
 # ----------------------------------------------------------------------------- attention

@@ -129,10 +129,19 @@ def on_cpu(a) -> bool:
     return isinstance(a, np.ndarray) or (isinstance(a, Spec) and a.device == "cpu")
 
 
-def which(op: str, *args, device: str = "cpu", **kwargs) -> str:
+def which(op: str, *args, device: str | None = None, **kwargs) -> str:
     """The name of what runs for ``op`` with these arguments (arrays, tensors or Specs):
-    a kernel's name, or ``reference`` (none applies, or kernels are off)."""
+    a kernel's name, or ``reference`` (none applies, or kernels are off). The device is the
+    first argument's, as ``Op.apply`` takes it, unless given."""
     args = [getattr(a, "_array", a) for a in args]  # a Tensor's array
+    if device is None:
+        first = args[0] if args else None
+        if isinstance(first, Spec):
+            device = first.device
+        else:
+            from ..devices import device_of  # (here: the registry imports nothing of ours)
+
+            device = device_of(first) if hasattr(first, "dtype") else "cpu"
     kernels = _registry.get((op, device), []) if _enabled and op not in _disabled else []
     k = _first(kernels, args, kwargs)
     return "reference" if k is None else k.name

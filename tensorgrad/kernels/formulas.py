@@ -55,23 +55,24 @@ R2, R2PI = 1 / math.sqrt(2.0), 1 / math.sqrt(2 * math.pi)  # the exact GELU's
 @jit(inline="always", fastmath=FM)
 def gelu_tanh(x):
     """0.5·x·(1 + tanh(u)) = x·σ(2u) = x / (1 + e^(-2u)), u = √(2/π)(x + 0.044715x³): no
-    cancellation at large negative x; e^(-2u) capped (no inf·0 in the derivative)."""
+    cancellation at large negative x, where e^(-2u) = inf gives -0, as the reference does."""
     u = like(SQRT_2_OVER_PI, x) * (x + like(GELU_C, x) * x * x * x)
-    return x / (like(1, x) + exp_of(min(like(-2, x) * u, like(80, x))))
+    return x / (like(1, x) + exp_of(like(-2, x) * u))
 
 
 @jit(inline="always", fastmath=FM)
 def gelu_tanh_grad(x):
     """(GELU_tanh(x), its derivative) with one exp: d/dx x·σ(2u) = σ + x·2σ(1-σ)·u' with
-    σ(1-σ) = e·σ², e = e^(-2u)."""
+    σ(1-σ) = e·σ², e = e^(-2u). Where e is inf (σ = 0) or 0 (σ = 1) that term is 0 and the
+    derivative σ. (e was capped at e^80 once, against inf·0: far in the negative tail that
+    left x·e^-80, a gradient of -3864 at x = -1e13.)"""
     k = like(SQRT_2_OVER_PI, x)
     x2 = x * x
-    e = exp_of(min(like(-2, x) * k * (x + like(GELU_C, x) * x2 * x), like(80, x)))
+    e = exp_of(like(-2, x) * k * (x + like(GELU_C, x) * x2 * x))
     s = like(1, x) / (like(1, x) + e)
-    es = e * s * s  # first: e alone may be 5e34, times x it would overflow
-    return x / (like(1, x) + e), s + x * like(2, x) * es * k * (
-        like(1, x) + like(3 * GELU_C, x) * x2
-    )
+    es = e * s * s  # first: e alone may be 5e34, times x it would overflow; NaN where e = inf
+    d = s + x * like(2, x) * es * k * (like(1, x) + like(3 * GELU_C, x) * x2)
+    return x / (like(1, x) + e), d if es > 0 else s
 
 
 @jit(inline="always", fastmath=FM)
