@@ -420,6 +420,9 @@ def test_switches_and_listing(monkeypatch):
     assert type(tg.nn.functional.softmax(x)._node) is not Softmax
     with pytest.raises(ValueError, match="unknown kernels"):
         kernels.set_enabled(False, ["no_such_kernel"])
+    for wrong in ("softmax", "cpu.numba.softmx"):  # an op's name, a typo: not silently none
+        with pytest.raises(ValueError, match="unknown kernel"), kernels.only(wrong):
+            pass
     with pytest.raises(ValueError, match="already registered"):
         kernels.register("softmax", "cpu", name="cpu.chunked.softmax")(object)
 

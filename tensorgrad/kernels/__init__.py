@@ -216,6 +216,8 @@ def only(name: str):
     """``with only(kernel_name):`` runs that kernel where it applies, references elsewhere
     (the registry test uses it to check one kernel at a time)."""
     global _enabled
+    if name not in {k.name for k in registered()}:  # (a typo would run references only)
+        raise ValueError(f"unknown kernel {name!r}; registered: {[k.name for k in registered()]}")
     prev_enabled, prev_disabled = _enabled, set(_disabled)
     _enabled = True
     _disabled.clear()
