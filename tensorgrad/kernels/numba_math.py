@@ -275,9 +275,10 @@ _ERFC = tuple(
 @jit(inline="always", fastmath={"contract"})
 def erfc32(z):
     t = F32(1) / (F32(1) + F32(0.5) * z)
-    p = _ERFC[9]
-    for k in range(8, -1, -1):
-        p = p * t + _ERFC[k]
+    c = _ERFC  # (Horner written out: a loop here, inlined, tripped numba's SSA check)
+    p = c[8] + t * c[9]
+    p = c[4] + t * (c[5] + t * (c[6] + t * (c[7] + t * p)))
+    p = c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * p)))
     return t * exp32(p - z * z)
 
 
@@ -301,7 +302,7 @@ def _exp_nonpos_of(x):
     return lambda x: math.exp(x)
 
 
-@overload(erfc_of, inline="always")
+@overload(erfc_of)  # (not inline="always": with exp32 inside it numba's SSA check warned)
 def _erfc_of(z):
     if z == types.float32:
         return lambda z: erfc32(z)
