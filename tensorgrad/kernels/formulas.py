@@ -5,16 +5,17 @@ The reference ops (``tensorgrad/ops/nn.py``) are the readable statement and the 
 Everything faster is built from the functions here: the per-op kernels (``cpu_numba``), the
 fused GPT-2 block's passes (``cpu_numba_block``), the short and the flash attention
 (``cpu_numba_attention``) and the compiler's generated kernels (its GELU rules call
-``gelu_tanh`` and ``gelu_erf`` and their ``_grad`` forms). A fix made here (a guard, an eps,
+``gelu_tanh`` and ``gelu_erf`` and their ``_deriv`` forms). A fix made here (a guard, an eps,
 a dtype rule) reaches all of them; ``tests/test_kernels*.py`` check every caller against its
 reference op.
 
 Conventions. Each function is ``inline="always"``: numba pastes it into its caller, which
 compiles it with its own flags (``contract`` only, see numba_math's "One computation"); a
 call per row cost more than the row (LayerNorm on gpt-nano's rows of 48: 9.5 against
-6.8 µs). A row function works in place on its output row: LLVM keeps a loop scalar where an
-output may alias an input (its run-time overlap check fails when they are the same array),
-so a caller with separate input and output copies the row first (it is in L1 then). GELU
+6.8 µs). The softmax functions work in place on their row (the attention's scores become its
+probabilities): LLVM keeps a loop scalar where an output may alias an input (its run-time
+overlap check fails when they are the same array), so a caller with separate input and
+output copies the row first (it is in L1 then). GELU
 and LayerNorm take float32 or float64 (``like``, ``exp_of``: numba_math); the softmax
 family is float32 (``exp32``).
 
