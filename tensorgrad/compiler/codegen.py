@@ -14,12 +14,10 @@ RMSNorm's x·rsqrt(mean(x²) + eps): read once per row, its gradient summed over
 Python scalar. A run that holds a last-axis reduction is a row program (``_Source``): a few
 passes over each row while the row is in cache.
 
-Imports: math, numpy, .fused_op, .trace.
+Imports: numpy, .fused_op, .trace.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -28,8 +26,8 @@ from .trace import Graph, Step
 
 # op: (forward, (derivative for input a, for input b)), on scalars: a, b the inputs, y the
 # output, g the gradient arriving at y. Pow fuses only with a number as its exponent. In the
-# generated code ``exp`` is numba_math's vectorisable exp32 for float32 (np.exp for float64)
-# and every number literal is of the arrays' dtype, so float32 computes in float32.
+# generated code ``exp`` is numba_math.exp_of (the vectorisable exp32 for float32, libm's for
+# float64) and every number literal is of the arrays' dtype, so float32 computes in float32.
 RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Add": ("a + b", ("g", "g")),
     "Sub": ("a - b", ("g", "-g")),
@@ -389,11 +387,11 @@ def _compile(src: str, n: int, dtype, reassoc: bool):
     import numba
 
     from ..kernels import formulas
-    from ..kernels.numba_math import exp32, jit
+    from ..kernels.numba_math import exp_of, jit
 
     f32 = np.dtype(dtype) == np.float32
-    scope = {"np": np, "math": math, "prange": numba.prange}
-    scope.update(F=np.float32 if f32 else np.float64, exp=exp32 if f32 else np.exp)
+    scope = {"np": np, "prange": numba.prange, "exp": exp_of}
+    scope["F"] = np.float32 if f32 else np.float64
     for name in ("gelu_tanh", "gelu_tanh_deriv", "gelu_erf", "gelu_erf_deriv"):
         scope[name] = getattr(formulas, name)
     exec(src, scope)  # noqa: S102  (the source is generated above from RULES, not user input)
