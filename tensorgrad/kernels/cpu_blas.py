@@ -112,13 +112,63 @@ def blas_threads() -> int | None:
 
 def set_blas_threads(n: int) -> bool:
     """Run NumPy's OpenBLAS products on n threads from now on (at most its pool's size, which
-    it fixed at load). False where that cannot be set. The bits of a product do not change
-    with n: OpenBLAS splits a product over its rows and columns, never along its sums."""
+    it fixed at load). False where that cannot be set. Whether a product's bits change with n
+    depends on the CPU's kernels: ``bits_follow_threads`` says."""
     calls = _count_calls()
     if calls is None:
         return False
     calls[1](max(1, int(n)))
     return True
+
+
+_PROBE = ((128, 64, 128), (256, 512, 256), (64, 1024, 64), (512, 64, 256))  # (m, k, n)
+_FOLLOW: dict = {}  # pool size -> whether the bits follow the thread count (measured once)
+
+
+def bits_follow_threads(n: int) -> bool:
+    """Whether NumPy's OpenBLAS computes other bits for a product on n threads than on one:
+    measured once per n, on a few products of the GPT's kinds (about 10 ms).
+
+    On OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake: Zen 4 and 5, recent Xeons) a product
+    is split over its rows and columns only and every element gets the same sums on any
+    count: 68 shapes at 1, 2 and 4 threads agreed on a Zen 4 VM (family 25 model 17). Its
+    Haswell kernels, which AVX2 CPUs get (Zen 2 and 3, most laptops), sum the rows of a
+    thread's share in another order: on a Zen 3 VM (family 25 model 1) 2 to 30% of the
+    elements of most products of the GPT's shapes differed between 1 and 2 threads (not all:
+    384x384x384 agreed), so the probe takes four."""
+    if n <= 1 or _count_calls() is None:
+        return False
+    if n not in _FOLLOW:
+        rng = np.random.default_rng(0)
+        pairs = [
+            (rng.standard_normal((m, k), np.float32), rng.standard_normal((k, c), np.float32))
+            for m, k, c in _PROBE
+        ]
+        was = blas_threads()
+        try:
+            set_blas_threads(1)
+            one = [a @ b for a, b in pairs]
+            set_blas_threads(n)
+            many = [a @ b for a, b in pairs]
+        finally:
+            set_blas_threads(was)
+        _FOLLOW[n] = any(not np.array_equal(x, y) for x, y in zip(one, many))
+    return _FOLLOW[n]
+
+
+def corename() -> str | None:
+    """The kernels NumPy's OpenBLAS chose for this CPU ("Haswell", "SkylakeX", ...), or None."""
+    path = _numpy_openblas()
+    if path is None:
+        return None
+    try:
+        get = _first(ctypes.CDLL(path), "get_corename")
+    except OSError:
+        return None
+    if get is None:
+        return None
+    get.restype = ctypes.c_char_p
+    return get().decode("ascii", "replace")
 
 
 # at import, where no other thread could be in a BLAS call: see tune_blas_wait

@@ -17,9 +17,11 @@ times; the fastest median is kept, and ``choice()`` says it in one line. The kep
 calls are watched in windows of WINDOW: two windows in a row whose median is DRIFT times
 slower or faster than its first window's (a program started or stopped) measure again, at
 least RETRY calls after the last measuring (twice that each time the same setting wins
-again). What the code computes does not change with the setting: OpenBLAS splits a product
-over its rows and columns, never along its sums, and the kernels sum in blocks of a fixed
-size (tests/test_kernel_determinism.py, tests/test_threads.py).
+again). What the code computes never changes with the setting: the kernels sum in blocks of a
+fixed size (tests/test_kernel_determinism.py), and OpenBLAS's count is measured only where
+its products come out the same on any count (``cpu_blas.bits_follow_threads``: its AVX-512
+kernels, not its AVX2 ones); elsewhere it stays at its pool's size, so that a run repeats,
+and the line says so (tests/test_threads.py).
 
 ``TG_THREADS=N`` in the environment, or ``tensorgrad.set_num_threads(N)`` (PyTorch's name),
 pins both pools at N and turns the measuring off. A pool's own variable wins over both
@@ -71,6 +73,7 @@ class Governor:
         self.blas = cpu_blas.blas_threads()  # OpenBLAS's count at the start: its pool's size
         self.blas_set: int | None = None  # the count this governor gave OpenBLAS last
         self.blas_user = False  # someone else set OpenBLAS's count since (threadpoolctl)
+        self.blas_kept: int | None = None  # OpenBLAS kept at this count: its bits follow it
         self.pinned = _env_int("TG_THREADS")  # TG_THREADS=N: both pools at N
         self.kernels: int | None = None  # the kernels' count now (None: every core)
         self.known: dict = {}  # forward -> (setting kept, RETRY spacing): resumed, not measured
@@ -95,6 +98,8 @@ class Governor:
             return list(self._settings)
         blas = self.blas  # (not the count now, which a setting tried may have lowered)
         mine = blas is not None and blas > 1 and not _blas_pinned() and not self.blas_user
+        if mine and cpu_blas.bits_follow_threads(blas):
+            mine, self.blas_kept = False, blas  # another count would compute other bits
         b = [blas, 1] if mine else [None]
         numba = _env_int("NUMBA_NUM_THREADS")  # numba's pool: no more kernel threads than it
         cores = min(_CORES, numba) if numba else _CORES
@@ -222,6 +227,12 @@ class Governor:
             f"{'measured again' if again else 'measured'} over {len(self.schedule)} calls "
             f"(ms per call, OpenBLAS/kernels: {tried}); TG_THREADS=N pins them"
         )
+        if self.blas_kept is not None:
+            kind = cpu_blas.corename()
+            self.news += (
+                f"; OpenBLAS stays at {self.blas_kept}: its {kind + ' ' if kind else ''}kernels "
+                "compute other bits on another count, and the run would not repeat"
+            )
 
     def choice(self) -> str | None:
         """The last choice, in one line, once (None if nothing new was chosen)."""
