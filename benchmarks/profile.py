@@ -61,6 +61,8 @@ class OpProfiler:
 
         importlib.import_module("tensorgrad.nn.functional")  # defines the fused Ops
         for cls in {c for c in _subclasses(autograd.Op)}:
+            if cls.holds_graph:  # a compiled forward's Replay: its steps are the ops, timed
+                continue  # each (timed as one, the Replay hid every op inside it)
             for phase in ("forward", "backward"):
                 if phase in cls.__dict__:
                     orig = cls.__dict__[phase]

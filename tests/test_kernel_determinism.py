@@ -32,7 +32,7 @@ def bits(n: int) -> subprocess.Popen:
     env.update(
         TG_KERNEL_THREADS=str(n),
         NUMBA_NUM_THREADS=str(n),
-        OPENBLAS_NUM_THREADS="1",  # only the kernels' own threads change from run to run
+        OPENBLAS_NUM_THREADS="2",  # the same in every run: only the kernels' threads change
         TG_KERNELS="1",  # (the kernels are what is compared, under TG_KERNELS=0 too)
         PYTHONPATH=str(ROOT),  # this tree's tensorgrad, whatever is installed
     )

@@ -5,11 +5,12 @@ docs/internals.md and docs/performance.md say why. ``blas_threads`` / ``set_blas
 read and set the thread count at run time (kernels/threads.py measures which is fastest).
 Not part of the core: a CPU speed setting, like the kernels beside it.
 
-Imports: ctypes, numpy, os, threading.
+Imports: contextlib, ctypes, numpy, os, threading.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -119,6 +120,21 @@ def set_blas_threads(n: int) -> bool:
         return False
     calls[1](max(1, int(n)))
     return True
+
+
+@contextlib.contextmanager
+def held(n: int):
+    """OpenBLAS at n threads inside the block, its count as it was after; does nothing where
+    the count cannot be set (``blas_threads()`` is None) or already is n."""
+    was = blas_threads()
+    if was is None or was == n:
+        yield
+        return
+    set_blas_threads(n)
+    try:
+        yield
+    finally:
+        set_blas_threads(was)
 
 
 _PROBE = ((128, 64, 128), (256, 512, 256), (64, 1024, 64), (512, 64, 256))  # (m, k, n)

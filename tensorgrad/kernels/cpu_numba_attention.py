@@ -15,8 +15,8 @@ THREADS_OVER).
 Backward per strip (D = rowsum(g·o), P = e^(s·scale - lse)):
     gv += Pᵀ·g;  dP = g·vᵀ;  dS = P·(dP - D)·scale;  gq = dS·k;  gk += dSᵀ·q
 
-Imports: concurrent, math, numba, numpy, .cpu_numba, .formulas, .numba_math, .register,
-..autograd.
+Imports: concurrent, math, numba, numpy, .cpu_blas, .cpu_numba, .formulas, .numba_math,
+.register, ..autograd.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from numba import prange
 
 from ..autograd import Op
-from . import register
+from . import cpu_blas, register
 from .cpu_numba import PARALLEL_MIN, kernel_threads, numpy_array, threads_for
 from .formulas import FM, probs_again, softmax_grad_in_place, softmax_in_place
 from .numba_math import jit, rdot
@@ -40,7 +40,7 @@ STRIP_BYTES = 4 << 20  # scores of one strip, all heads: a few MiB, reused by ma
 
 # One row's work (formulas.py's softmax, on the scores times the scale), then two drivers
 # per op: parallel over rows (one call for all heads), and serial without the GIL (one call
-# per thread when threads split the heads, see _by_heads).
+# per thread when threads split the heads, see by_heads).
 
 
 @jit(fastmath=FM)
@@ -195,43 +195,34 @@ def strip_backward(q, k, v, g, gq, gk, gv, d, lse, kept, i0, i1, scale, off, cau
 
 # ----------------------------------------------------------------------------- threads
 # THREADS_OVER = "heads": the (batch, head) pairs are split over numba's thread count of
-# Python threads, each running single-threaded OpenBLAS and the serial drivers: one pool,
-# nothing spinning against it. "rows": one call over all heads, OpenBLAS and numba's
-# pool take turns on every strip (their idle threads spin while the other works). Without
-# threadpoolctl (to hold OpenBLAS at one thread) "heads" falls back to "rows".
+# Python threads, each running the serial drivers, with OpenBLAS held at one thread: one
+# pool, nothing spinning against it. "rows": one call over all heads, OpenBLAS and numba's
+# pool take turns on every strip (their idle threads spin while the other works). Where
+# OpenBLAS's count cannot be set (cpu_blas.blas_threads() is None) "heads" falls back to
+# "rows". "heads" holds OpenBLAS at one thread on one head-thread too: OpenBLAS's AVX2
+# kernels give a product other bits on another count (cpu_blas.bits_follow_threads), and the
+# kernels' count must not change what is computed.
 THREADS_OVER = "heads"
 _pool: ThreadPoolExecutor | None = None
-_blas = None  # threadpoolctl.ThreadpoolController; False without threadpoolctl
 
 
-def _head_threads(BH: int) -> int:
-    global _blas
-    n = min(numba.get_num_threads(), kernel_threads(), BH)
-    if n <= 1 or THREADS_OVER != "heads":
-        return 1
-    if _blas is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _blas = ThreadpoolController()
-        except ImportError:
-            _blas = False
-    return n if _blas else 1
-
-
-def _by_heads(body, BH: int, work: int) -> None:
+def by_heads(body, BH: int, work: int) -> None:
     """body(h0, h1, serial) over heads [0, BH): on threads (serial=1) or in one call (0);
     ``work`` (scores computed) below PARALLEL_MIN: one call on one thread."""
     global _pool
-    n = _head_threads(BH) if work >= PARALLEL_MIN else 1
-    if n == 1:
+    if THREADS_OVER != "heads" or cpu_blas.blas_threads() is None:
         with threads_for(work):
             body(0, BH, 0)
         return
-    if _pool is None or _pool._max_workers < n - 1:
-        _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="tg-attention")
-    bounds = [(BH * i // n, BH * (i + 1) // n) for i in range(n)]
-    with _blas.limit(limits=1, user_api="blas"):
+    n = min(numba.get_num_threads(), kernel_threads(), BH) if work >= PARALLEL_MIN else 1
+    with cpu_blas.held(1):
+        if n <= 1:
+            with threads_for(work):
+                body(0, BH, 0)
+            return
+        if _pool is None or _pool._max_workers < n - 1:
+            _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="tg-attention")
+        bounds = [(BH * i // n, BH * (i + 1) // n) for i in range(n)]
         futures = [_pool.submit(body, h0, h1, 1) for h0, h1 in bounds[1:]]
         body(*bounds[0], 1)
         for f in futures:
@@ -292,7 +283,7 @@ class NumbaFlashAttention(Op):
                     *(i0, i1, sc, off, causal, serial),
                 )
 
-        _by_heads(heads, BH, BH * L * S)
+        by_heads(heads, BH, BH * L * S)
         o = o.reshape(*lead, L, Ev)
         if kept is None:
             self.save(q, k, v, o, lse)
@@ -327,5 +318,5 @@ class NumbaFlashAttention(Op):
                     *(hk, i0, i1, sc, off, causal, serial),
                 )
 
-        _by_heads(heads, BH, BH * L * S)
+        by_heads(heads, BH, BH * L * S)
         return gq.reshape(q.shape), gk.reshape(k.shape), gv.reshape(v.shape), None
