@@ -20,7 +20,9 @@ The attention is the flash kernel's own strips (``cpu_numba_attention.strip_forw
 logsumexp; up to SHORT_T positions, numba loops per head instead, whose strips would be GEMMs
 of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the (B, T, 3C)
 projection and of the (B, T, C) output: no head copies, the GEMMs read them with a leading
-dimension. Its LayerNorm, GELU and softmax are formulas.py's, as every CPU kernel's. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
+dimension. Its (batch, head) pairs are split over threads as the attention op's are
+(``by_heads``: each thread's strips on one OpenBLAS thread; at baby's shape, B 8 T 256 6 heads
+of 64 on a Zen 3 VM, forward + backward per layer 42-55 ms before, 33 after). Its LayerNorm, GELU and softmax are formulas.py's, as every CPU kernel's. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
 the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
 beside its derivative (the same exp), so each block holds 4·C floats per row less until its
 backward (151 MB at gpt2-124M, T = 1024). Under ``create_graph`` the compiled graph
@@ -41,7 +43,7 @@ from ..autograd import Op
 from ..tensor import Tensor
 from . import register
 from .cpu_numba import numpy_array, threads_for
-from .cpu_numba_attention import keeps_probs, strip_backward, strip_forward, strips
+from .cpu_numba_attention import by_heads, keeps_probs, strip_backward, strip_forward, strips
 from .cpu_numba_block import (
     bias_gelu_fwd,
     gelu_bwd_bias,
@@ -101,6 +103,21 @@ def attention_stats(shape):
     return np.empty((B * nh, T * T if keep else T), F32)
 
 
+def _pairs(p0: int, p1: int, nh: int):
+    """The (batch, head) pairs [p0, p1) of nh heads a batch as indexes of (B, nh, ...) views,
+    whole batches in one: ``(index, first pair, last pair + 1)``."""
+    while p0 < p1:
+        b, h = divmod(p0, nh)
+        if h == 0 and p1 - p0 >= nh:
+            b1 = b + (p1 - p0) // nh
+            yield np.s_[b:b1], p0, b1 * nh
+            p0 = b1 * nh
+        else:
+            h1 = min(nh, h + p1 - p0)
+            yield np.s_[b, h:h1], p0, p0 + h1 - h
+            p0 += h1 - h
+
+
 def attention_fwd(qkv, y, stats, shape, scale):
     """y (B·T, C) = causal softmax(q·kᵀ·scale)·v with q, k, v read from qkv (B·T, 3C); stats
     (:func:`attention_stats`) <- the probabilities or the logsumexp per query."""
@@ -113,8 +130,16 @@ def attention_fwd(qkv, y, stats, shape, scale):
     BH = B * nh
     kept = stats.reshape(B, nh, T, T) if stats.shape[1] == T * T else None  # (one strip)
     lse = stats if kept is None else np.empty((BH, T), F32)
-    for i0, i1 in strips(BH, T, T):
-        strip_forward(q, k, v, o, lse, kept, i0, i1, scale, 0, True, 0)
+
+    def part(p0, p1, serial):  # (the strips of all BH heads: the same on any thread count)
+        for at, r0, r1 in _pairs(p0, p1, nh):
+            hk = None if kept is None else kept[at]
+            for i0, i1 in strips(BH, T, T):
+                strip_forward(
+                    q[at], k[at], v[at], o[at], lse[r0:r1], hk, i0, i1, scale, 0, True, serial
+                )
+
+    by_heads(part, BH, BH * T * T)
 
 
 def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
@@ -126,13 +151,24 @@ def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
     q, k, v = _heads(qkv, B, T, nh, hs, 3)
     gq, gk, gv = _heads(dqkv, B, T, nh, hs, 3)
     (g,) = _heads(dy, B, T, nh, hs, 1)
+    BH = B * nh
     kept = stats.reshape(B, nh, T, T) if stats.shape[1] == T * T else None
     d = None  # rowsum(g·o) per query (None: from the kept probabilities)
     if kept is None:
         (o,) = _heads(y, B, T, nh, hs, 1)
-        d = np.einsum("bhtd,bhtd->bht", g, o).reshape(B * nh, T)
-    for i0, i1 in strips(B * nh, T, T):
-        strip_backward(q, k, v, g, gq, gk, gv, d, stats, kept, i0, i1, scale, 0, True, 0)
+        d = np.einsum("bhtd,bhtd->bht", g, o).reshape(BH, T)
+
+    def part(p0, p1, serial):
+        for at, r0, r1 in _pairs(p0, p1, nh):
+            hk = None if kept is None else kept[at]
+            hd, hl = (None if d is None else d[r0:r1]), (None if kept is not None else stats[r0:r1])
+            for i0, i1 in strips(BH, T, T):
+                strip_backward(
+                    *(q[at], k[at], v[at], g[at], gq[at], gk[at], gv[at], hd, hl, hk),
+                    *(i0, i1, scale, 0, True, serial),
+                )
+
+    by_heads(part, BH, BH * T * T)
 
 
 def _sums(parts):

@@ -199,9 +199,9 @@ def strip_backward(q, k, v, g, gq, gk, gv, d, lse, kept, i0, i1, scale, off, cau
 # pool, nothing spinning against it. "rows": one call over all heads, OpenBLAS and numba's
 # pool take turns on every strip (their idle threads spin while the other works). Where
 # OpenBLAS's count cannot be set (cpu_blas.blas_threads() is None) "heads" falls back to
-# "rows". "heads" holds OpenBLAS at one thread on one head-thread too: OpenBLAS's AVX2
-# kernels give a product other bits on another count (cpu_blas.bits_follow_threads), and the
-# kernels' count must not change what is computed.
+# "rows", as do sizes below PARALLEL_MIN. "heads" holds OpenBLAS at one thread on one
+# head-thread too: OpenBLAS's AVX2 kernels give a product other bits on another count
+# (cpu_blas.bits_follow_threads), and the kernels' count must not change what is computed.
 THREADS_OVER = "heads"
 _pool: ThreadPoolExecutor | None = None
 
@@ -210,11 +210,11 @@ def by_heads(body, BH: int, work: int) -> None:
     """body(h0, h1, serial) over heads [0, BH): on threads (serial=1) or in one call (0);
     ``work`` (scores computed) below PARALLEL_MIN: one call on one thread."""
     global _pool
-    if THREADS_OVER != "heads" or cpu_blas.blas_threads() is None:
-        with threads_for(work):
+    if THREADS_OVER != "heads" or work < PARALLEL_MIN or cpu_blas.blas_threads() is None:
+        with threads_for(work):  # (whether this runs depends on the sizes alone)
             body(0, BH, 0)
         return
-    n = min(numba.get_num_threads(), kernel_threads(), BH) if work >= PARALLEL_MIN else 1
+    n = min(numba.get_num_threads(), kernel_threads(), BH)
     with cpu_blas.held(1):
         if n <= 1:
             with threads_for(work):
