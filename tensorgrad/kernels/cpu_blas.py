@@ -143,7 +143,7 @@ _FOLLOW: dict = {}  # pool size -> whether the bits follow the thread count (mea
 
 def bits_follow_threads(n: int) -> bool:
     """Whether NumPy's OpenBLAS computes other bits for a product on n threads than on one:
-    measured once per n, on a few products of the GPT's kinds (about 10 ms).
+    measured once per n, on four products of the GPT's kinds (0.1 s on a loaded 2-core VM).
 
     On OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake: Zen 4 and 5, recent Xeons) a product
     is split over its rows and columns only and every element gets the same sums on any

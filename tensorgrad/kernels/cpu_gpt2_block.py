@@ -17,17 +17,19 @@ for float32 NumPy inputs with every parameter present. Per block:
 
 The attention is the flash kernel's own strips (``cpu_numba_attention.strip_forward`` and
 ``strip_backward``: the probabilities kept by its rule or recomputed in backward from the
-logsumexp; up to SHORT_T positions, numba loops per head instead, whose strips would be GEMMs
-of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the (B, T, 3C)
+logsumexp; up to SHORT_T positions, numba loops per head instead, whose strips would be
+GEMMs of a few rows, keeping the probabilities), on (B, nh, T, hs) views of the (B, T, 3C)
 projection and of the (B, T, C) output: no head copies, the GEMMs read them with a leading
 dimension. Its (batch, head) pairs are split over threads as the attention op's are
-(``by_heads``: each thread's strips on one OpenBLAS thread; at baby's shape, B 8 T 256 6 heads
-of 64 on a Zen 3 VM, forward + backward per layer 42-55 ms before, 33 after). Its LayerNorm, GELU and softmax are formulas.py's, as every CPU kernel's. Saves the inputs and, as its own state, h1, qkv, y, x1, h2, f and
-the row statistics, as llm.c does, but not GELU(f): the backward's GELU pass computes it again
-beside its derivative (the same exp), so each block holds 4·C floats per row less until its
-backward (151 MB at gpt2-124M, T = 1024). Under ``create_graph`` the compiled graph
-differentiates the traced ops instead (``compiler/replay.py``), so this backward is only
-ever first order. tests/test_kernels_block.py checks it against the ops one by one.
+(``by_heads``: each thread's strips on one OpenBLAS thread; at baby's shape, B 8 T 256 6
+heads of 64 on a Zen 3 VM, forward + backward per layer 42-55 ms before, 33 after). Its
+LayerNorm, GELU and softmax are formulas.py's, as every CPU kernel's. Saves the inputs and,
+as its own state, h1, qkv, y, x1, h2, f and the row statistics, as llm.c does, but not
+GELU(f): the backward's GELU pass computes it again beside its derivative (the same exp), so
+each block holds 4·C floats per row less until its backward (151 MB at gpt2-124M, T = 1024).
+Under ``create_graph`` the compiled graph differentiates the traced ops instead
+(``compiler/replay.py``), so this backward is only ever first order.
+tests/test_kernels_block.py checks it against the ops one by one.
 
 Imports: math, numpy, .cpu_numba, .cpu_numba_attention, .cpu_numba_block, .register,
 ..autograd, ..tensor.
