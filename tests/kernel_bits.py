@@ -99,6 +99,8 @@ shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
 params = [(rng(95 + j).standard_normal(s) * 0.3).astype(f32) for j, s in enumerate(shapes)]
 xb = rng(99).standard_normal((3, 128, C)).astype(f32)
 keep("gpt2_block_T128", *op(KB.NumbaGPT2Block, xb, *params, n_head=nh))
+xb = rng(98).standard_normal((3, 64, C)).astype(f32)  # T <= 2·hs: the probabilities kept
+keep("gpt2_block_T64_kept", *op(KB.NumbaGPT2Block, xb, *params, n_head=nh))
 KA.STRIP_BYTES = 8 * 1024
 
 for T in (5, 40):  # the short attention (head by head) and the query strips

@@ -483,6 +483,11 @@ def test_attention_thread_modes(mode, monkeypatch):
     monkeypatch.setattr(KA, "STRIP_BYTES", 16 * 4 * 40 * 3)  # several strips
     if mode == "heads" and cpu_blas.blas_threads() is None:
         pytest.skip("NumPy's BLAS is no OpenBLAS whose thread count can be set: no 'heads'")
+    before, blas = cpu_blas.blas_threads(), []  # OpenBLAS's count in each strip
+    strip = KA.strip_forward
+    monkeypatch.setattr(
+        KA, "strip_forward", lambda *a: (blas.append(cpu_blas.blas_threads()), strip(*a))[1]
+    )
     serial, parallel = [], []  # (thread, numba threads) per driver call
     for name in ("PROBS", "PROBS_AGAIN", "DSCORES"):
         drivers = getattr(KA, name)
@@ -496,6 +501,9 @@ def test_attention_thread_modes(mode, monkeypatch):
         )
     finally:
         numba.set_num_threads(prev)
+    assert cpu_blas.blas_threads() == before  # given back
+    if mode == "heads":  # each strip on one OpenBLAS thread, whatever the kernels' count
+        assert blas and set(blas) == {1}, f"'heads': OpenBLAS ran strips on {set(blas)} threads"
     if mode == "heads":  # the heads split over 2 Python threads, each running serial drivers
         threads = {t for t, _ in serial}
         assert serial and not parallel and len(threads) >= 2, (

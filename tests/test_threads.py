@@ -284,6 +284,20 @@ def test_openblas_stays_where_its_bits_follow_its_count(monkeypatch):
     )
 
 
+def test_held_gives_openblas_its_count_back_once_the_last_hold_ends():
+    n = cpu_blas.blas_threads()
+    if n is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count can be set")
+    with pytest.raises(RuntimeError):
+        with cpu_blas.held(1):
+            assert cpu_blas.blas_threads() == 1
+            with cpu_blas.held(1):  # (another thread's attention, say)
+                pass
+            assert cpu_blas.blas_threads() == 1  # the inner hold did not give it back early
+            raise RuntimeError
+    assert cpu_blas.blas_threads() == n
+
+
 def test_a_forked_child_starts_with_a_free_lock():
     gov = Governor(settings=SETTINGS, apply=lambda *a: None)
     gov.lock.acquire()  # another thread was inside tick when the process forked
@@ -354,6 +368,8 @@ def test_a_compiled_training_step_is_the_same_on_any_setting():
     """Every setting the governor tries computes the same bits: the kernels' count always,
     OpenBLAS's where its kernels allow (on a Zen 3 VM, whose OpenBLAS runs its Haswell
     kernels, cycling OpenBLAS too changed the hash)."""
+    if cpu_blas.blas_threads() is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count can be set")
     env = {k: v for k, v in os.environ.items() if k not in PINS}  # OpenBLAS's pool: the cores
     env.update(PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2")
     env.pop("TG_KERNEL_THREADS", None)

@@ -122,19 +122,28 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
+_HELD = threading.Lock()
+_holds = {"depth": 0, "was": None}  # blocks inside held() now, and the count to give back
+
+
 @contextlib.contextmanager
 def held(n: int):
-    """OpenBLAS at n threads inside the block, its count as it was after; does nothing where
-    the count cannot be set (``blas_threads()`` is None) or already is n."""
-    was = blas_threads()
-    if was is None or was == n:
-        yield
-        return
-    set_blas_threads(n)
+    """OpenBLAS at n threads inside the block, its count as it was after the last such block
+    ends (two threads inside at once: the first to leave does not give it back early). Does
+    nothing where the count cannot be set (``blas_threads()`` is None)."""
+    with _HELD:
+        if _holds["depth"] == 0:
+            _holds["was"] = blas_threads()
+        _holds["depth"] += 1
+        if _holds["was"] is not None and blas_threads() != n:
+            set_blas_threads(n)
     try:
         yield
     finally:
-        set_blas_threads(was)
+        with _HELD:
+            _holds["depth"] -= 1
+            if _holds["depth"] == 0 and _holds["was"] is not None:
+                set_blas_threads(_holds["was"])
 
 
 _PROBE = ((128, 64, 128), (256, 512, 256), (64, 1024, 64), (512, 64, 256))  # (m, k, n)
@@ -152,7 +161,7 @@ def bits_follow_threads(n: int) -> bool:
     thread's share in another order: on a Zen 3 VM (family 25 model 1) 2 to 30% of the
     elements of most products of the GPT's shapes differed between 1 and 2 threads (not all:
     384x384x384 agreed), so the probe takes four."""
-    if n <= 1 or _count_calls() is None:
+    if not n or n <= 1 or _count_calls() is None:
         return False
     if n not in _FOLLOW:
         rng = np.random.default_rng(0)

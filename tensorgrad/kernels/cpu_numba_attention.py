@@ -224,9 +224,11 @@ def by_heads(body, BH: int, work: int) -> None:
             _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="tg-attention")
         bounds = [(BH * i // n, BH * (i + 1) // n) for i in range(n)]
         futures = [_pool.submit(body, h0, h1, 1) for h0, h1 in bounds[1:]]
-        body(*bounds[0], 1)
-        for f in futures:
-            f.result()  # re-raises a worker's exception
+        try:
+            body(*bounds[0], 1)
+        finally:  # (OpenBLAS's count back only once every thread is done)
+            for f in futures:
+                f.result()  # re-raises a worker's exception
 
 
 def _attn_when(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None):

@@ -210,6 +210,7 @@ class Governor:
         self.schedule = settings * ROUNDS
         self.times = {s: [] for s in settings}
         self.set(*self.schedule[0])
+        self.last = self.clock()  # (settings() may have probed OpenBLAS: not a call's time)
 
     def _keep(self) -> None:
         medians = {s: statistics.median(ts) for s, ts in self.times.items()}
