@@ -90,13 +90,19 @@ for mode in ("rows", "heads"):  # the heads over numba's threads, or over Python
         v = rng(30 + i).standard_normal((2, 3, S, Ev)).astype(f32)
         keep(f"attention_{mode}_{i}", *op(KA.NumbaFlashAttention, q, k, v, None, is_causal=causal))
 
+
+def block_params(C, seed):
+    """A GPT-2 block's twelve parameters at width C."""
+    shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
+    shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
+    return [(rng(seed + j).standard_normal(s) * 0.3).astype(f32) for j, s in enumerate(shapes)]
+
+
 KA.STRIP_BYTES = 4 << 20  # one strip of 128 queries: GEMMs that OpenBLAS splits over threads
 q, k, v = (rng(90 + j).standard_normal((2, 3, 128, 32)).astype(f32) for j in range(3))
 keep("attention_big", *op(KA.NumbaFlashAttention, q, k, v, None, is_causal=True))
 C, nh = 64, 2
-shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
-shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
-params = [(rng(95 + j).standard_normal(s) * 0.3).astype(f32) for j, s in enumerate(shapes)]
+params = block_params(C, 95)
 xb = rng(99).standard_normal((3, 128, C)).astype(f32)
 keep("gpt2_block_T128", *op(KB.NumbaGPT2Block, xb, *params, n_head=nh))
 xb = rng(98).standard_normal((3, 64, C)).astype(f32)  # T <= 2·hs: the probabilities kept
@@ -105,9 +111,7 @@ KA.STRIP_BYTES = 8 * 1024
 
 for T in (5, 40):  # the short attention (head by head) and the query strips
     C, nh = 32, 2
-    shapes = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,)]
-    shapes += [(4 * C, C), (4 * C,), (C, 4 * C), (C,)]
-    params = [(rng(40 + j).standard_normal(s) * 0.3).astype(f32) for j, s in enumerate(shapes)]
+    params = block_params(C, 40)
     xb = rng(50).standard_normal((4, T, C)).astype(f32)
     keep(f"gpt2_block_T{T}", *op(KB.NumbaGPT2Block, xb, *params, n_head=nh))
 

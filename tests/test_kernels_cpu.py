@@ -485,9 +485,12 @@ def test_attention_thread_modes(mode, monkeypatch):
         pytest.skip("NumPy's BLAS is no OpenBLAS whose thread count can be set: no 'heads'")
     before, blas = cpu_blas.blas_threads(), []  # OpenBLAS's count in each strip
     strip = KA.strip_forward
-    monkeypatch.setattr(
-        KA, "strip_forward", lambda *a: (blas.append(cpu_blas.blas_threads()), strip(*a))[1]
-    )
+
+    def recorded_strip(*args):
+        blas.append(cpu_blas.blas_threads())
+        strip(*args)
+
+    monkeypatch.setattr(KA, "strip_forward", recorded_strip)
     serial, parallel = [], []  # (thread, numba threads) per driver call
     for name in ("PROBS", "PROBS_AGAIN", "DSCORES"):
         drivers = getattr(KA, name)

@@ -163,10 +163,10 @@ def attention_bwd(qkv, y, dy, stats, shape, scale, dqkv):
     def part(p0, p1, serial):
         for at, r0, r1 in _pairs(p0, p1, nh):
             hk = None if kept is None else kept[at]
-            hd, hl = (None if d is None else d[r0:r1]), (None if kept is not None else stats[r0:r1])
+            hd = None if d is None else d[r0:r1]  # (d, stats: rows per (batch, head) pair)
             for i0, i1 in strips(BH, T, T):
                 strip_backward(
-                    *(q[at], k[at], v[at], g[at], gq[at], gk[at], gv[at], hd, hl, hk),
+                    *(q[at], k[at], v[at], g[at], gq[at], gk[at], gv[at], hd, stats[r0:r1], hk),
                     *(i0, i1, scale, 0, True, serial),
                 )
 

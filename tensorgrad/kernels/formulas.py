@@ -11,13 +11,12 @@ reference op.
 
 Conventions. Each function is ``inline="always"``: numba pastes it into its caller, which
 compiles it with its own flags (``contract`` only, see numba_math's "One computation"); a
-call per row cost more than the row (LayerNorm on gpt-nano's rows of 48: 9.5 against
-6.8 µs). The softmax functions work in place on their row (the attention's scores become its
+call per row cost more than the row (LayerNorm on gpt-nano's rows of 48: 9.5 against 6.8
+µs). The softmax functions work in place on their row (the attention's scores become its
 probabilities): LLVM keeps a loop scalar where an output may alias an input (its run-time
 overlap check fails when they are the same array), so a caller with separate input and
-output copies the row first (it is in L1 then). GELU
-and LayerNorm take float32 or float64 (``like``, ``exp_of``: numba_math); the softmax
-family is float32 (``exp32``).
+output copies the row first (it is in L1 then). GELU and LayerNorm take float32 or float64
+(``like``, ``exp_of``: numba_math); the softmax family is float32 (``exp32``).
 
 Imports: math, numpy, .numba_math, ..ops.
 """
