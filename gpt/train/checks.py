@@ -12,6 +12,8 @@ from pathlib import Path
 import tensorgrad as tg
 
 from ..config import PRESETS, GPTConfig
+from ..hfdata import is_spec as is_hf_spec
+from ..hfdata import parse as parse_hf_spec
 from ..hub import resolve, source_problem
 from ..store.checkpoint import check_hf_dir
 from ..store.validate import LIMITS, check_memory, estimate_bytes, n_params
@@ -132,6 +134,12 @@ def check_data_path(path: str | None) -> None:
     """--data must be a text file or a folder: not a FIFO (reading one blocks), a device
     (/dev/zero never ends) or an empty file (which would surface as a block-size problem)."""
     if path is None:
+        return
+    if is_hf_spec(path):
+        try:
+            parse_hf_spec(path)
+        except ValueError as e:
+            raise UsageError(f"--data {e}") from None
         return
     try:
         st = os.stat(path)

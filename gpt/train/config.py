@@ -45,7 +45,9 @@ class TrainConfig:
         None,
         "data",
         "train on your own UTF-8 text: a file, or a folder of .txt files; or on a folder of "
-        "GPT-2 token shards (fineweb .npy or llm.c .bin, split by 'train'/'val' in their names)",
+        "GPT-2 token shards (fineweb .npy or llm.c .bin, split by 'train'/'val' in their names); "
+        "or hf:NAME[:CONFIG][@SIZE], a Hugging Face dataset's text column streamed once into "
+        "the cache (needs `pip install datasets`; e.g. hf:roneneldan/TinyStories@200MB)",
         "PATH",
     )
     tokenizer: str = opt(

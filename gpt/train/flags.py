@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 from ..config import GPTConfig
+from ..hfdata import absolute as hf_absolute
+from ..hfdata import is_spec as is_hf_spec
 from ..hub import is_hub_name
 from ..store import run_checkpoint as rc
 from ..store.errors import CheckpointError
@@ -114,7 +116,9 @@ def resolve_config(argv: list[str] | None) -> tuple[TrainConfig, dict | None, di
     for layer in layers:
         check_types(layer)
         for k in ("data", "init_from"):
-            if layer.get(k) and not (k == "init_from" and is_hub_name(layer[k])):
+            if k == "data" and is_hf_spec(layer.get(k)):
+                layer[k] = hf_absolute(layer[k])
+            elif layer.get(k) and not (k == "init_from" and is_hub_name(layer[k])):
                 layer[k] = str(Path(layer[k]).expanduser().resolve())
     given = {k: v for layer in layers for k, v in layer.items()}
     if control["resume"] and control["overwrite"]:

@@ -22,6 +22,8 @@ from ..data import (
     read_shakespeare,
     read_text_path,
 )
+from ..hfdata import is_spec as is_hf_spec
+from ..hfdata import text_file as hf_text
 from ..hub import resolve
 from ..model import GPT
 from ..optim import load_run_optimizer, run_optimizer
@@ -63,12 +65,17 @@ class TrainRun:
 def load_data(c: TrainConfig, fixed_tok=None) -> tuple[Path, dict, object]:
     """(prepared data directory, its meta, tokenizer). fixed_tok: tokenize with this one.
     A folder of token shards (gpt.shards) is read where it is, with GPT-2's tokenizer."""
+    if is_hf_spec(c.data):  # streamed once into the cache, then prepared as a text file
+        return _prepared(c, read_text_path(hf_text(c.data, default_cache_dir())), fixed_tok)
     files = shard_files(c.data) if c.data else None
     if files is not None:
         if c.vocab_size is not None:
             raise UsageError("--vocab-size does not apply to token shards: GPT-2's vocabulary")
         return Path(c.data), *load_shards(c.data, files, fixed_tok)
-    docs = read_text_path(c.data) if c.data else read_shakespeare()
+    return _prepared(c, read_text_path(c.data) if c.data else read_shakespeare(), fixed_tok)
+
+
+def _prepared(c: TrainConfig, docs: list, fixed_tok) -> tuple[Path, dict, object]:
     name = run_name(dataclasses.asdict(c))
     if c.tokenizer == "bpe" and not c.init_from:
         name += f"{c.vocab_size or 4096}"
