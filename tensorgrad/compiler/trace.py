@@ -24,7 +24,7 @@ An array that is none of these (a causal mask, position ids) is a constant of th
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
 
-Imports: contextlib, dataclasses, sys, threading, .guards, ..autograd, ..devices, ..ops, ..tensor,
+Imports: contextlib, dataclasses, sys, threading, weakref, .guards, ..autograd, ..devices, ..ops, ..tensor,
 ..types.
 """
 
@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 from .. import devices
@@ -170,9 +171,10 @@ class Tracer:
     def __init__(self, live: list):
         """live: the tensors (or arrays) read afresh at every call, in slot order."""
         self.graph = Graph(n_inputs=len(live))
-        self.slot_of: dict[int, int] = {}  # id(Tensor) or id(array) -> slot
-        self.keep = list(live)  # keeps every object whose id is a key alive
-        self.versions: list = []  # (tensor, version when seen)
+        self.slot_of: dict[int, int] = {}  # id(Tensor) or id(array) -> slot, while it lives
+        self.refs: dict = {}  # id -> a weak reference that drops the id's entries at death
+        self.keep = list(live)  # what is held strongly: the inputs (and the unweakrefable)
+        self.versions: list = []  # (a tensor's version counter, its version when seen)
         self.made_at: dict = {}  # id(an op's output) -> its entry in versions
         self.draws = 0  # random draws since the last op
         self.thread = threading.get_ident()  # ops of other threads are not this forward's
@@ -202,20 +204,36 @@ class Tracer:
             self.fail(what)
 
     def _bind(self, x, slot: int) -> None:
-        self.keep.append(x)
-        self.slot_of[id(x)] = slot
+        self._hold(x, slot)
         if isinstance(x, Tensor):
-            self.slot_of.setdefault(id(x.array), slot)
-            self.keep.append(x.array)
+            if id(x.array) not in self.slot_of:
+                self._hold(x.array, slot)
             self.made_at[id(x)] = len(self.versions)
-            self.versions.append((x, x.version))
+            self.versions.append((x._version, x.version))
+
+    def _hold(self, x, slot: int) -> None:
+        """Map id(x) to its slot for as long as x lives. The trace holds its values weakly,
+        as eager mode holds them (a value no later op reads is freed), so tracing costs no
+        more memory than an eager call; at x's death its entries go, so an object that
+        reuses its id later is not taken for it."""
+        k = id(x)
+        self.slot_of[k] = slot
+        try:
+            self.refs[k] = weakref.ref(x, lambda _, k=k, forget=self._forget: forget(k))
+        except TypeError:  # (no weak references to it: held)
+            self.keep.append(x)
+
+    def _forget(self, k: int) -> None:
+        self.slot_of.pop(k, None)
+        self.refs.pop(k, None)
+        self.made_at.pop(k, None)
 
     def rebase(self, x) -> None:
         """x, an op's output, became a view: it counts its base's versions from now on
         (tape.note_view), so its version when made is the base's now, not a write."""
         k = self.made_at.get(id(x))
-        if k is not None and self.versions[k][0] is x:
-            self.versions[k] = (x, x.version)
+        if k is not None:
+            self.versions[k] = (x._version, x.version)
 
     def value(self, x):
         """Where input x of an op comes from: ("v", slot) or ("c", constant)."""
@@ -224,7 +242,7 @@ class Tracer:
             slot = self.slot_of.get(id(x.array))  # the same array in another Tensor
         if slot is not None:
             if isinstance(x, Tensor):
-                self.versions.append((x, x.version))
+                self.versions.append((x._version, x.version))
             return ("v", slot)
         if isinstance(x, Tensor):
             if x.requires_grad:
@@ -288,7 +306,7 @@ class Tracer:
         g = self.graph
         if self.draws:
             self.fail("it draws random numbers outside an op (tg.randn or the like)")
-        if any(t.version != v for t, v in self.versions):
+        if any(counter[0] != v for counter, v in self.versions):
             self.fail("it writes into a tensor in place (running statistics, x += ...)")
         g.outputs = self._outputs(result)
         g.used = sorted(s for s in last_reads(g, g.steps) if s < g.n_inputs)  # (read ones)
