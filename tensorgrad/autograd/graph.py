@@ -480,6 +480,12 @@ def _guard_saved_inputs(fn: Op, inputs, results, arrays):
     return checks, tuple(links)
 
 
+def version_counter(t) -> list:
+    """The counter an in-place write to t's memory bumps (a one-element list, shared with t's
+    views): held, it tells later whether t was written, without keeping t alive."""
+    return t._version
+
+
 def check_versions(fn: Op, checks=None) -> None:
     for version, v, shape in fn.checks if checks is None else checks:
         if version[0] != v:

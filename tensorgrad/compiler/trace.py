@@ -209,7 +209,7 @@ class Tracer:
             if id(x.array) not in self.slot_of:
                 self._hold(x.array, slot)
             self.made_at[id(x)] = len(self.versions)
-            self.versions.append((x._version, x.version))
+            self.versions.append((tape.version_counter(x), x.version))
 
     def _hold(self, x, slot: int) -> None:
         """Map id(x) to its slot for as long as x lives. The trace holds its values weakly,
@@ -233,7 +233,7 @@ class Tracer:
         (tape.note_view), so its version when made is the base's now, not a write."""
         k = self.made_at.get(id(x))
         if k is not None:
-            self.versions[k] = (x._version, x.version)
+            self.versions[k] = (tape.version_counter(x), x.version)
 
     def value(self, x):
         """Where input x of an op comes from: ("v", slot) or ("c", constant)."""
@@ -242,7 +242,7 @@ class Tracer:
             slot = self.slot_of.get(id(x.array))  # the same array in another Tensor
         if slot is not None:
             if isinstance(x, Tensor):
-                self.versions.append((x._version, x.version))
+                self.versions.append((tape.version_counter(x), x.version))
             return ("v", slot)
         if isinstance(x, Tensor):
             if x.requires_grad:
