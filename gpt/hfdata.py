@@ -13,7 +13,8 @@ same spec reads the file and never touches the network (offline-safe). From ther
 prepared as any `--data` text file is (gpt/prepare.py): tokenizer, train/val split, shards.
 NAME may also be a local folder of data files (.jsonl, .parquet, ...) that `datasets` reads.
 
-Imports: hashlib, json, os, re, sys, pathlib, .textfiles; `datasets` inside `text_file`.
+Imports: hashlib, json, os, re, secrets, sys, pathlib, .store, .textfiles; `datasets` inside
+`text_file`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
 
+from .store.checkpoint import atomic_write_bytes as atomic_write
+from .store.lock import pid_alive
 from .textfiles import DataError
 
 PREFIX = "hf:"
 SEPARATOR = "\n\n"  # between records
-_SPEC = re.compile(r"hf:(?P<name>[^:@]+)(?::(?P<config>[^:@]+))?(?:@(?P<size>[^@]+))?")
+_SPEC = re.compile(r"hf:(?P<name>[^:@\s]+)(?::(?P<config>[^:@\s]+))?(?:@(?P<size>[^@]+))?")
 _SIZE = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMG]?)B?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -48,9 +52,9 @@ def parse(spec: str) -> tuple[str, str | None, int | None]:
     size = None
     if m["size"] is not None:
         s = _SIZE.fullmatch(m["size"].strip())
-        if s is None or float(s["n"]) <= 0:
+        size = int(float(s["n"]) * _UNITS[s["unit"].upper()]) if s else 0
+        if size < 1:
             raise ValueError(f"{spec!r}: the size after @ must be like 200MB, 2GB or 500KB")
-        size = int(float(s["n"]) * _UNITS[s["unit"].upper()])
     return m["name"], m["config"], size
 
 
@@ -67,12 +71,37 @@ def absolute(spec: str) -> str:
     return PREFIX + str(Path(name).expanduser().resolve()) + rest
 
 
+def slug(spec: str) -> str:
+    """A file name for what `spec` streams: the dataset's name, its config and its size
+    ('' for a spec that does not parse)."""
+    try:
+        name, config, size = parse(spec)
+    except ValueError:
+        return ""
+    words = [name.rstrip("/").rsplit("/", 1)[-1], config, size and _size_text(size)]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(w for w in words if w)).strip("_.")[-80:]
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n}B"
+
+
 def cache_path(spec: str, cache_dir: Path) -> Path:
-    """Where the streamed text of `spec` lives: one folder per spec, named after it."""
-    name, config, size = parse(spec)
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{name}-{config or 'default'}").strip("_")[-80:]
-    digest = hashlib.sha1(spec.encode()).hexdigest()[:8]
-    return cache_dir / "hf" / f"{slug}-{digest}" / "text.txt"
+    """Where the streamed text of `spec` lives: one folder per (name, config, size), so the
+    spellings of one size (@4KB, @4kb, @4000) share it."""
+    digest = hashlib.sha1(repr(parse(spec)).encode()).hexdigest()[:8]
+    return cache_dir / "hf" / f"{slug(spec) or 'data'}-{digest}" / "text.txt"
+
+
+def _remove_dead_partials(folder: Path) -> None:
+    """The .partial files of streams whose process is gone (killed: nothing renames them)."""
+    for p in folder.glob(".text.txt.*.partial"):
+        pid = p.name.split(".")[3]
+        if not (pid.isdigit() and pid_alive(int(pid))):
+            p.unlink(missing_ok=True)
 
 
 def _open_stream(name: str, config: str | None):
@@ -108,19 +137,20 @@ def text_file(spec: str, cache_dir: Path) -> Path:
             f"--data {PREFIX} trains on a dataset's text"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    _remove_dead_partials(path.parent)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
     print(f"streaming {spec} into {path} ...", file=sys.stderr)
     n_bytes = records = skipped = 0
     try:
         with open(partial, "w", encoding="utf-8", newline="\n") as f:
             for i, record in enumerate(stream):
                 text = record.get("text") if isinstance(record, dict) else None
-                if not isinstance(text, str):
+                if text is not None and not isinstance(text, str):
                     raise DataError(
                         f"record {i} of {name!r} has no text (its 'text' field is "
                         f"{type(text).__name__}); --data {PREFIX} trains on a dataset's text"
                     )
-                if "\x00" in text or not text:  # NUL: not text (prepare refuses it)
+                if not text or "\x00" in text:  # NUL: not text (prepare refuses it)
                     skipped += 1
                     continue
                 piece = (SEPARATOR if records else "") + text
@@ -129,17 +159,19 @@ def text_file(spec: str, cache_dir: Path) -> Path:
                 records += 1
                 if size is not None and n_bytes >= size:
                     break
+            f.flush()
+            os.fsync(f.fileno())  # the text is on disk before its name says it is complete
         if not records:
             raise DataError(f"{name!r} streamed no text (its train split is empty)")
         meta = dict(spec=spec, records=records, bytes=n_bytes, skipped_records=skipped)
-        path.with_name("source.json").write_text(json.dumps(meta, indent=1))
+        atomic_write(path.with_name("source.json"), json.dumps(meta, indent=1).encode())
         os.replace(partial, path)
-    except DataError:
-        raise
     except Exception as e:  # the network failed midway, the disk filled up, ...
+        if type(e).__module__.split(".")[0] == "gpt":  # ours: DataError, a signal's Interrupted
+            raise
         raise DataError(f"Cannot stream {name!r} into {path.parent}: {_line(e)}") from None
     finally:
         partial.unlink(missing_ok=True)
-    note = f" (skipped {skipped} empty or NUL-holding records)" if skipped else ""
+    note = f" (skipped {skipped} empty, null or NUL-holding records)" if skipped else ""
     print(f"streamed {records:,} records, {n_bytes / 1e6:,.1f} MB of text{note}", file=sys.stderr)
     return path

@@ -8,6 +8,7 @@ last ones use the real library, when it is installed, on a local folder of .json
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -17,6 +18,7 @@ from test_train import TINY
 
 from gpt import hfdata, train
 from gpt.data import DataError
+from gpt.train.config import run_name
 
 STORIES = [f"Story {i}: once upon a time there was a cat number {i}." for i in range(200)]
 
@@ -97,12 +99,51 @@ def test_a_stream_that_fails_midway_leaves_nothing_that_counts_as_streamed(tmp_p
     assert hfdata.text_file("hf:org/stories", tmp_path).read_text() == "\n\n".join(STORIES)
 
 
-def test_empty_and_nul_records_are_skipped_and_counted(tmp_path, monkeypatch, capsys):
-    fake_datasets(
-        monkeypatch, Stream([{"text": "a"}, {"text": ""}, {"text": "b\x00c"}, {"text": "d"}])
-    )
+def test_empty_null_and_nul_records_are_skipped_and_counted(tmp_path, monkeypatch, capsys):
+    texts = ["a", "", "b\x00c", None, "d"]
+    fake_datasets(monkeypatch, Stream([{"text": t} for t in texts]))
     assert hfdata.text_file("hf:org/x", tmp_path).read_text() == "a\n\nd"
-    assert "skipped 2 empty or NUL-holding records" in capsys.readouterr().err
+    assert "skipped 3 empty, null or NUL-holding records" in capsys.readouterr().err
+
+
+def test_a_signal_while_streaming_stays_a_signal(tmp_path, monkeypatch):
+    """gpt-train's SIGINT/SIGTERM handler raises Interrupted: not a data problem (exit 130/143)."""
+    from gpt.train.signals import Interrupted
+
+    class Killed(Stream):
+        def __iter__(self):
+            yield {"text": "a"}
+            raise Interrupted(15)
+
+    fake_datasets(monkeypatch, Killed([{"text": "a"}]))
+    with pytest.raises(Interrupted):
+        hfdata.text_file("hf:org/x", tmp_path)
+    assert list(hfdata.cache_path("hf:org/x", tmp_path).parent.iterdir()) == []
+
+
+def test_a_killed_streams_partial_file_is_removed_by_the_next(tmp_path, monkeypatch):
+    folder = hfdata.cache_path("hf:org/x", tmp_path).parent
+    folder.mkdir(parents=True)
+    dead = folder / ".text.txt.999999999.ab12cd34.partial"  # a pid no system has
+    alive = folder / f".text.txt.{os.getpid()}.ab12cd34.partial"  # a stream running now
+    dead.write_text("half"), alive.write_text("half")
+    fake_datasets(monkeypatch, stories())
+    hfdata.text_file("hf:org/x", tmp_path)
+    assert not dead.exists() and alive.exists()
+
+
+def test_the_spellings_of_one_size_share_a_cache_folder(tmp_path):
+    spellings = ("hf:x@4KB", "hf:x@4kb", "hf:x@4000", "hf:x@ 4 KB")
+    assert len({hfdata.cache_path(s, tmp_path) for s in spellings}) == 1
+    assert hfdata.cache_path("hf:x@4KB", tmp_path) != hfdata.cache_path("hf:x@5KB", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "a, b", [("hf:org/data@1.5GB", "hf:org/data@1.2GB"), ("hf:org/data.v2", "hf:org/data.v3")]
+)
+def test_runs_on_other_data_get_other_default_folders(a, b):
+    assert run_name({"data": a, "tokenizer": "char"}) != run_name({"data": b, "tokenizer": "char"})
+    assert run_name({"data": "hf:org/stories@200MB", "tokenizer": "bpe"}) == "stories-200MB-bpe"
 
 
 @pytest.mark.parametrize(
@@ -144,7 +185,11 @@ def test_specs_parse(spec, want):
     assert hfdata.parse(spec) == want
 
 
-@pytest.mark.parametrize("spec", ["hf:", "hf:x@", "hf:x@0MB", "hf:x@12TB", "hf:a:b:c", "hf:x@1@2"])
+@pytest.mark.parametrize(
+    "spec",
+    ["hf:", "hf:x@", "hf:x@0MB", "hf:x@0.5", "hf:x@12TB", "hf:a:b:c", "hf:x@1@2", "hf:x @1KB",
+     "hf: x", "hf:x: @1KB"],
+)  # fmt: skip
 def test_a_bad_spec_is_refused_before_any_work(spec, tmp_path, capsys):
     assert train.main(["--data", spec, "--out-dir", str(tmp_path / "o"), *TINY]) == 2
     err = capsys.readouterr().err.strip()

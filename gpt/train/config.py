@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import PRESETS
+from ..hfdata import is_spec as is_hf_spec
+from ..hfdata import slug as hf_slug
 
 DTYPES = {"float32": "highest", "tf32": "tf32", "bf16": "bf16"}  # -> set_matmul_precision
 MODEL_FIELDS = ("preset", "n_layer", "n_head", "n_embd", "block_size", "dropout")
@@ -182,6 +184,10 @@ def _slug(s: str) -> str:
 
 def run_name(c: dict) -> str:
     """'shakespeare-char', 'notes-bpe', 'notes-gpt2': names the out and data directories."""
-    name = _slug(Path(c["data"]).stem) if c.get("data") else c.get("dataset") or "shakespeare"
+    data = c.get("data")
+    if is_hf_spec(data):  # hf:org/stories@1.5GB: 'stories-1500MB' (not a file name's stem)
+        name = _slug(hf_slug(data))
+    else:
+        name = _slug(Path(data).stem) if data else c.get("dataset") or "shakespeare"
     tok = _slug(Path(c["init_from"]).name) if c.get("init_from") else c.get("tokenizer", "char")
     return f"{name}-{tok}"

@@ -24,14 +24,15 @@ An array that is none of these (a causal mask, position ids) is a constant of th
 ``same_graph`` compares two traces so that a constant computed from an input's values, which
 changes from call to call, is caught before anything is replayed.
 
-Imports: contextlib, dataclasses, sys, threading, weakref, .guards, ..autograd, ..devices, ..ops, ..tensor,
-..types.
+Imports: contextlib, dataclasses, functools, sys, threading, weakref, .guards, ..autograd,
+..devices, ..ops, ..tensor, ..types.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import threading
 import weakref
@@ -165,6 +166,16 @@ def _slots(x):
             yield from _slots(y)
 
 
+def _forget(tracer_ref, k: int, _dead=None) -> None:
+    """An object the trace numbered died: its id's entries go (the tracer is held weakly,
+    so a finished trace is freed at once, not by the cycle collector)."""
+    tracer = tracer_ref()
+    if tracer is not None:
+        tracer.slot_of.pop(k, None)
+        tracer.refs.pop(k, None)
+        tracer.made_at.pop(k, None)
+
+
 class Tracer:
     """Records the ops of one forward (install with ``tracing``)."""
 
@@ -219,14 +230,9 @@ class Tracer:
         k = id(x)
         self.slot_of[k] = slot
         try:
-            self.refs[k] = weakref.ref(x, lambda _, k=k, forget=self._forget: forget(k))
+            self.refs[k] = weakref.ref(x, functools.partial(_forget, weakref.ref(self), k))
         except TypeError:  # (no weak references to it: held)
             self.keep.append(x)
-
-    def _forget(self, k: int) -> None:
-        self.slot_of.pop(k, None)
-        self.refs.pop(k, None)
-        self.made_at.pop(k, None)
 
     def rebase(self, x) -> None:
         """x, an op's output, became a view: it counts its base's versions from now on
