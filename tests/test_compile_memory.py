@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+import weakref
 
 import numpy as np
 
@@ -73,3 +74,28 @@ def test_the_gpts_traced_steps_peak_no_higher_than_an_eager_step():
     peaks = [forward_peak(compiled, x, x) for _ in range(2)]  # both traced calls
     for peak in peaks:
         assert peak <= 1.15 * want, (want, peaks)
+
+
+def test_a_finished_trace_is_freed_at_once(monkeypatch):
+    """The trace's weak references call back into it through a weak reference: no cycle keeps
+    a finished trace (its inputs, constants and code) until the cycle collector runs."""
+    from tensorgrad.compiler import trace
+
+    made = []
+    init = trace.Tracer.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(trace.Tracer, "__init__", recording)
+    model, x = tg.compile(nn.Linear(4, 4)), tg.ones(2, 4)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            model(x)
+        alive = [r() is not None for r in made]
+    finally:
+        gc.enable()
+    assert len(made) == 2 and not any(alive)
