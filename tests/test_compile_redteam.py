@@ -1139,8 +1139,9 @@ def test_a_closure_tensor_made_trainable_after_the_trace():
             assert (got[0] is None) == (got[1] is None), f"call {k}: {got}"
 
 
-UNTRACKED_GRAD = (
-    "it uses a tensor that requires grad and is neither an input, a parameter nor a buffer"
+UNTRACKED_GRAD = re.escape(
+    "it uses a tensor that requires grad and is neither an input, a parameter nor a buffer "
+    "(pass it as an argument, or compile the module that holds it"
 )
 
 

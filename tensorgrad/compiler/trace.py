@@ -254,7 +254,9 @@ class Tracer:
             if x.requires_grad:
                 self.fail(
                     "it uses a tensor that requires grad and is neither an input, a "
-                    "parameter nor a buffer"
+                    "parameter nor a buffer (pass it as an argument, or compile the module "
+                    "that holds it: a training step compiled whole runs eagerly, its model "
+                    "compiled on its own does not)"
                 )
             self.constants.append(x)  # (guarded: a later requires_grad_() or .data)
             return ("c", x.array)
