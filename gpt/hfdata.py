@@ -85,7 +85,7 @@ def slug(spec: str) -> str:
 def _size_text(n: int) -> str:
     for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if n >= scale:
-            return f"{n / scale:g}{unit}"
+            return f"{n / scale:.4g}{unit}"
     return f"{n}B"
 
 
@@ -173,5 +173,5 @@ def text_file(spec: str, cache_dir: Path) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     note = f" (skipped {skipped} empty, null or NUL-holding records)" if skipped else ""
-    print(f"streamed {records:,} records, {n_bytes / 1e6:,.1f} MB of text{note}", file=sys.stderr)
+    print(f"streamed {records:,} records, {_size_text(n_bytes)} of text{note}", file=sys.stderr)
     return path
