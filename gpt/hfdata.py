@@ -13,7 +13,7 @@ same spec reads the file and never touches the network (offline-safe). From ther
 prepared as any `--data` text file is (gpt/prepare.py): tokenizer, train/val split, shards.
 NAME may also be a local folder of data files (.jsonl, .parquet, ...) that `datasets` reads.
 
-Imports: hashlib, json, os, re, secrets, sys, pathlib, .store, .textfiles; `datasets` inside
+Imports: hashlib, json, os, re, sys, pathlib, .prepare, .store, .textfiles; `datasets` inside
 `text_file`.
 """
 
@@ -23,12 +23,11 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import sys
 from pathlib import Path
 
+from .prepare import remove_stale_partials
 from .store.checkpoint import atomic_write_bytes as atomic_write
-from .store.lock import pid_alive
 from .textfiles import DataError
 
 PREFIX = "hf:"
@@ -96,14 +95,6 @@ def cache_path(spec: str, cache_dir: Path) -> Path:
     return cache_dir / "hf" / f"{slug(spec) or 'data'}-{digest}" / "text.txt"
 
 
-def _remove_dead_partials(folder: Path) -> None:
-    """The .partial files of streams whose process is gone (killed: nothing renames them)."""
-    for p in folder.glob(".text.txt.*.partial"):
-        pid = p.name.split(".")[3]
-        if not (pid.isdigit() and pid_alive(int(pid))):
-            p.unlink(missing_ok=True)
-
-
 def _open_stream(name: str, config: str | None):
     try:
         import datasets
@@ -137,8 +128,8 @@ def text_file(spec: str, cache_dir: Path) -> Path:
             f"--data {PREFIX} trains on a dataset's text"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_partials(path.parent)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    remove_stale_partials(path.parent)  # (of streams that were killed: nothing renamed them)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     print(f"streaming {spec} into {path} ...", file=sys.stderr)
     n_bytes = records = skipped = 0
     try:

@@ -55,7 +55,7 @@ BPE_SAMPLE_WINDOW_BYTES = 1 << 20  # of this size each
 POOL_MIN_BYTES = 8 << 20  # a smaller corpus is tokenized in this process
 MAX_WORKERS = 16
 
-_PARTIAL = re.compile(r"\.(train\.bin|val\.bin|spill)\.(\d+)\.partial")
+_PARTIAL = re.compile(r"\.(train\.bin|val\.bin|spill|text\.txt)\.(\d+)\.partial")  # (+ hfdata's)
 
 
 # --------------------------------------------------------------------------- chunk boundaries
@@ -373,7 +373,8 @@ class _Writer:
 
 
 def remove_stale_partials(out: Path) -> None:
-    """The partial files of a prepare that was killed (its process is gone)."""
+    """The partial files of a prepare (or of an hf: stream, gpt/hfdata.py) that was killed
+    (its process is gone)."""
     for p in out.glob(".*.partial"):
         m = _PARTIAL.fullmatch(p.name)
         if m and (int(m[2]) == os.getpid() or not pid_alive(int(m[2]))):

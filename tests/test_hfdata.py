@@ -124,8 +124,8 @@ def test_a_signal_while_streaming_stays_a_signal(tmp_path, monkeypatch):
 def test_a_killed_streams_partial_file_is_removed_by_the_next(tmp_path, monkeypatch):
     folder = hfdata.cache_path("hf:org/x", tmp_path).parent
     folder.mkdir(parents=True)
-    dead = folder / ".text.txt.999999999.ab12cd34.partial"  # a pid no system has
-    alive = folder / f".text.txt.{os.getpid()}.ab12cd34.partial"  # a stream running now
+    dead = folder / ".text.txt.999999999.partial"  # a pid no system has
+    alive = folder / f".text.txt.{os.getppid()}.partial"  # a stream running now
     dead.write_text("half"), alive.write_text("half")
     fake_datasets(monkeypatch, stories())
     hfdata.text_file("hf:org/x", tmp_path)

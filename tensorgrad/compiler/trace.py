@@ -184,6 +184,7 @@ class Tracer:
         self.graph = Graph(n_inputs=len(live))
         self.slot_of: dict[int, int] = {}  # id(Tensor) or id(array) -> slot, while it lives
         self.refs: dict = {}  # id -> a weak reference that drops the id's entries at death
+        self.me = weakref.ref(self)  # (what those references call back through)
         self.keep = list(live)  # what is held strongly: the inputs (and the unweakrefable)
         self.versions: list = []  # (a tensor's version counter, its version when seen)
         self.made_at: dict = {}  # id(an op's output) -> its entry in versions
@@ -230,7 +231,7 @@ class Tracer:
         k = id(x)
         self.slot_of[k] = slot
         try:
-            self.refs[k] = weakref.ref(x, functools.partial(_forget, weakref.ref(self), k))
+            self.refs[k] = weakref.ref(x, functools.partial(_forget, self.me, k))
         except TypeError:  # (no weak references to it: held)
             self.keep.append(x)
 
